@@ -1,0 +1,1 @@
+"""Running callgate: the CLI, the embedded services, process supervision and the demo."""

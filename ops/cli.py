@@ -1,0 +1,357 @@
+"""``callgate``: run the stack, submit and collect turns, read traces.
+
+Every option has a ``CALLGATE_…`` environment variable. Expected errors print one line
+(``callgate: <code>: <what to do>``) and exit 2; there is no traceback for them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, TextIO
+
+import click
+
+from store import db, migrate as migrations
+from store.errors import CallgateError, ErrorCode, InputError
+from store.settings import Settings
+
+EXIT_ERROR = 2
+
+
+def _settings() -> Settings:
+    return Settings.from_env()
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(
+        level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
+    )
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "--log-level",
+    envvar="CALLGATE_LOG_LEVEL",
+    default="WARNING",
+    show_default=True,
+    help="Python log level (env CALLGATE_LOG_LEVEL).",
+)
+def cli(log_level: str) -> None:
+    """callgate: a queue-driven, multi-worker executor for LLM tool calls.
+
+    Services come from CALLGATE_DATABASE_URL and CALLGATE_REDIS_URL; 'demo' and 'up' start
+    embedded ones when those are unset.
+    """
+    _setup_logging(log_level)
+
+
+# --- the stack --------------------------------------------------------------------------
+
+
+@cli.command("migrate")
+@click.option(
+    "--demo-downstream/--no-demo-downstream",
+    default=True,
+    show_default=True,
+    help="Also create and seed the demo downstream schema (payments, mail).",
+)
+def migrate_cmd(demo_downstream: bool) -> None:
+    """Apply callgate's migrations to CALLGATE_DATABASE_URL (safe to repeat)."""
+    settings = _settings()
+    _migrate(settings, demo_downstream=demo_downstream, reset_demo=False)
+    click.echo("migrated")
+
+
+def _migrate(settings: Settings, *, demo_downstream: bool, reset_demo: bool) -> None:
+    engine = db.create(settings.require_database())
+    try:
+        with db.translate_errors("migrate"):
+            migrations.upgrade(engine)
+            if demo_downstream:
+                from worker.demo import downstream
+
+                downstream.install(
+                    db.create(settings.downstream_url()) if settings.downstream_database_url else engine,
+                    reset=reset_demo,
+                )
+    finally:
+        engine.dispose()
+
+
+@cli.command("worker")
+@click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
+@click.option("--name", default=None, help="Worker name shown by RQ.")
+def worker_cmd(burst: bool, name: str | None) -> None:
+    """Run one worker process on CALLGATE_QUEUE (start several to scale out)."""
+    from worker import process
+
+    with _quiet_interrupt():
+        process.run(_settings(), burst=burst, name=name)
+
+
+@cli.command("relayer")
+def relayer_cmd() -> None:
+    """Publish committed results from the outbox to Redis (several may run at once).
+
+    CALLGATE_RELAYER_MARK_DELAY_MS widens the publish-to-mark window (chaos tests).
+    """
+    from store import relayer, transport
+
+    settings = _settings()
+    url = settings.require_database()
+    delay = float(os.environ.get("CALLGATE_RELAYER_MARK_DELAY_MS") or 0) / 1000
+    with _quiet_interrupt(), _stop_on_term() as stop:
+        relayer.run(
+            db.create(url, application_name="callgate-relayer"),
+            transport.connect(settings.require_redis()),
+            url,
+            queue=settings.queue,
+            batch=settings.relayer_batch,
+            mark_delay=delay,
+            stop=stop,
+        )
+
+
+@cli.command("sweeper")
+def sweeper_cmd() -> None:
+    """Re-dispatch calls whose worker died or whose job Redis lost."""
+    from store import sweeper, transport
+
+    settings = _settings()
+    connection = transport.connect(settings.require_redis())
+    with _quiet_interrupt(), _stop_on_term() as stop:
+        sweeper.run(
+            db.create(settings.require_database(), application_name="callgate-sweeper"),
+            transport.job_queue(connection, settings.queue),
+            interval=settings.sweep_seconds,
+            stale_seconds=settings.stale_seconds,
+            job_timeout=settings.job_timeout_seconds,
+            stop=stop,
+        )
+
+
+@cli.command("up")
+@click.option("--workers", default=2, show_default=True, envvar="CALLGATE_WORKERS", help="Worker processes (env CALLGATE_WORKERS).")
+@click.option("--data-dir", type=click.Path(path_type=Path), envvar="CALLGATE_DATA_DIR", default=Path(".callgate"), show_default=True, help="Where embedded services keep their data (env CALLGATE_DATA_DIR).")
+def up_cmd(workers: int, data_dir: Path) -> None:
+    """Run migrations, workers, relayer and sweeper in the foreground until Ctrl-C."""
+    from ops.stack import Stack
+
+    with _services(_settings(), data_dir) as settings:
+        _migrate(settings, demo_downstream=True, reset_demo=False)
+        env = _service_env(settings)
+        click.echo("callgate is up. In another shell:")
+        for key, value in env.items():
+            click.echo(f"  export {key}='{value}'")
+        click.echo("Ctrl-C stops it.")
+        with Stack(env=env, workers=workers), _quiet_interrupt(), _stop_on_term() as stop:
+            stop.wait()
+
+
+@cli.command("demo")
+@click.option("--workers", default=3, show_default=True, help="Worker processes.")
+@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Keep embedded data here (default: a temporary folder).")
+def demo_cmd(workers: int, data_dir: Path | None) -> None:
+    """Run the seed's worked examples end to end and check their invariants."""
+    from ops import demo
+
+    with tempfile.TemporaryDirectory(prefix="callgate-demo-") as tmp:
+        with _services(_settings(), data_dir or Path(tmp)) as settings:
+            _migrate(settings, demo_downstream=True, reset_demo=True)
+            ok = demo.run(settings, workers=workers, out=sys.stdout)
+    sys.exit(0 if ok else 1)
+
+
+@contextmanager
+def _services(settings: Settings, data_dir: Path) -> Iterator[Settings]:
+    """Embedded PostgreSQL / Redis for whichever URL is unset."""
+    if settings.database_url and settings.redis_url:
+        yield settings
+        return
+    from ops import embedded
+
+    need_db, need_redis = not settings.database_url, not settings.redis_url
+    with embedded.services(data_dir.resolve(), need_db=need_db, need_redis=need_redis) as (d, r):
+        yield settings.with_services(d or settings.require_database(), r or settings.require_redis())
+
+
+def _service_env(settings: Settings) -> dict[str, str]:
+    return {
+        "CALLGATE_DATABASE_URL": settings.require_database(),
+        "CALLGATE_REDIS_URL": settings.require_redis(),
+        "CALLGATE_QUEUE": settings.queue,
+    }
+
+
+# --- turns ---------------------------------------------------------------------------------
+
+
+@cli.command("submit")
+@click.option("--context", "context_file", required=True, type=click.File("r"), help="JSON file: {request_id, tenant_id, user_id, roles}.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("proposals_file", type=click.File("r"), default="-")
+def submit_cmd(context_file: TextIO, as_json: bool, proposals_file: TextIO) -> None:
+    """Record and enqueue a turn from a JSON list of {call_id, tool_name, arguments}."""
+    from producer import Producer
+
+    context = _read_json(context_file, "context")
+    proposals = _read_json(proposals_file, "proposals")
+    if not isinstance(proposals, list):
+        raise InputError("proposals must be a JSON list of {call_id, tool_name, arguments}")
+    if not isinstance(context, dict):
+        raise InputError("context must be a JSON object {request_id, tenant_id, user_id, roles}")
+    producer = Producer.from_env()
+    try:
+        turn = producer.submit(proposals, context)
+    finally:
+        producer.close()
+    doc = {
+        "turn_id": turn.turn_id,
+        "calls": [
+            {"call_id": c.call_id, "tool_name": c.tool_name, "operation_id": c.operation_id}
+            for c in turn.calls
+        ],
+    }
+    if as_json:
+        click.echo(json.dumps(doc))
+        return
+    click.echo(f"turn {turn.turn_id}")
+    _table(["call_id", "tool_name", "operation_id"], doc["calls"])
+
+
+@cli.command("collect")
+@click.argument("turn_id")
+@click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait for the last result.")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def collect_cmd(turn_id: str, timeout: float, as_json: bool) -> None:
+    """Wait for a turn's results, joined by call id; name the calls still pending."""
+    from producer import Producer
+
+    producer = Producer.from_env()
+    try:
+        collected = producer.collect(turn_id, timeout)
+    finally:
+        producer.close()
+    doc = collected.as_json()
+    if as_json:
+        click.echo(json.dumps(doc))
+        return
+    click.echo(f"turn {doc['turn_id']}: {'complete' if doc['complete'] else 'INCOMPLETE'}")
+    rows = [
+        {
+            "call_id": r["call_id"],
+            "tool_name": r["tool_name"],
+            "status": r["status"],
+            "data | error": json.dumps(r.get("data") or r.get("error"))[:80],
+        }
+        for r in doc["results"]
+    ]
+    rows += [{"call_id": c, "tool_name": "", "status": "pending", "data | error": ""} for c in doc["pending"]]
+    _table(["call_id", "tool_name", "status", "data | error"], rows)
+
+
+@cli.command("trace")
+@click.argument("turn_or_call")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def trace_cmd(turn_or_call: str, as_json: bool) -> None:
+    """Print the audit trace of a turn or a call (by its ref)."""
+    from store import trace
+
+    settings = _settings()
+    engine = db.create(settings.require_database())
+    with db.translate_errors("trace"):
+        events = trace.events(engine, turn_or_call)
+    if as_json:
+        click.echo(json.dumps(events, default=str))
+        return
+    _table(
+        ["at", "call_id", "tool_name", "event", "generation", "detail"],
+        [{**e, "detail": json.dumps(e["detail"])} for e in events],
+    )
+
+
+# --- helpers -------------------------------------------------------------------------------
+
+
+def _read_json(stream: TextIO, what: str) -> Any:
+    try:
+        return json.load(stream)
+    except json.JSONDecodeError as exc:
+        name = getattr(stream, "name", what)
+        raise InputError(f"{what} file {name} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+    except UnicodeDecodeError:
+        raise InputError(f"{what} file is not UTF-8 text") from None
+
+
+def _table(columns: list[str], rows: list[dict[str, Any]]) -> None:
+    cells = [[("" if r.get(c) is None else str(r.get(c))) for c in columns] for r in rows]
+    widths = [max([len(c)] + [len(row[i]) for row in cells]) for i, c in enumerate(columns)]
+    click.echo("  ".join(c.ljust(w) for c, w in zip(columns, widths, strict=True)).rstrip())
+    for row in cells:
+        click.echo("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip())
+
+
+@contextmanager
+def _quiet_interrupt() -> Iterator[None]:
+    try:
+        yield
+    except KeyboardInterrupt:
+        pass
+
+
+@contextmanager
+def _stop_on_term() -> Iterator[threading.Event]:
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    previous_int = signal.signal(signal.SIGINT, lambda *_: stop.set())
+    try:
+        yield stop
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console entry point: expected errors become one line and exit code 2."""
+    try:
+        cli.main(args=argv, prog_name="callgate", standalone_mode=False)
+    except click.exceptions.Abort:
+        sys.exit(130)
+    except click.ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except CallgateError as exc:
+        click.echo(f"callgate: {exc.code}: {exc.message}", err=True)
+        sys.exit(EXIT_ERROR)
+    except Exception as exc:
+        translated = _translate(exc)
+        if translated is None:
+            raise
+        click.echo(f"callgate: {translated.code}: {translated.message}", err=True)
+        sys.exit(EXIT_ERROR)
+
+
+def _translate(exc: Exception) -> CallgateError | None:
+    """Driver errors that escaped a narrower translation still get one clear line."""
+    import psycopg
+    import redis
+    from sqlalchemy.exc import OperationalError
+
+    if isinstance(exc, OperationalError | psycopg.OperationalError):
+        return CallgateError(f"cannot reach PostgreSQL: {str(exc).splitlines()[0]}", code=ErrorCode.DATABASE_UNAVAILABLE)
+    if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+        return CallgateError(f"cannot reach Redis: {exc}", code=ErrorCode.REDIS_UNAVAILABLE)
+    return None
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Fan-in: join results to proposals by call id (SPEC §4). Pure: no I/O.
+
+Never by array position or arrival order. A result for an unknown call, a result with
+another tool's name, or a second, different result for one call is an error; an identical
+second copy (the relayer published twice) is dropped and counted.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+
+from store.errors import CorrelationError, ErrorCode
+from store.types import RESULT_ADAPTER, TERMINAL_STATES, FailedRetryable, FailedTerminal, Succeeded
+
+Result = Succeeded | FailedRetryable | FailedTerminal
+
+
+@dataclass
+class FanIn:
+    proposals: Sequence[tuple[str, str]]  # (call_id, tool_name), proposal order
+    results: dict[str, Result] = field(default_factory=dict)
+    duplicates: int = 0
+
+    def __post_init__(self) -> None:
+        self._tools = dict(self.proposals)
+        if len(self._tools) != len(self.proposals):
+            raise CorrelationError("proposal set has a repeated call id", code=ErrorCode.DUPLICATE_RESULT)
+
+    def add(self, raw: dict[str, Any]) -> bool:
+        """Take one result. Returns False for an identical duplicate."""
+        call_id = raw.get("call_id")
+        if call_id not in self._tools:
+            raise CorrelationError(
+                f"result for call {call_id!r}, which was not proposed",
+                code=ErrorCode.EXTRA_RESULT,
+            )
+        if raw.get("tool_name") != self._tools[call_id]:
+            raise CorrelationError(
+                f"result for call {call_id!r} names tool {raw.get('tool_name')!r},"
+                f" the proposal named {self._tools[call_id]!r}",
+                code=ErrorCode.TOOL_NAME_MISMATCH,
+            )
+        if raw.get("status") not in TERMINAL_STATES:
+            raise CorrelationError(
+                f"result for call {call_id!r} has non-terminal status {raw.get('status')!r}",
+                code=ErrorCode.NON_TERMINAL_RESULT,
+            )
+        try:
+            result = RESULT_ADAPTER.validate_python(raw)
+        except ValidationError:
+            raise CorrelationError(
+                f"result for call {call_id!r} is malformed", code=ErrorCode.NON_TERMINAL_RESULT
+            ) from None
+        existing = self.results.get(call_id)
+        if existing is not None:
+            if existing == result:
+                self.duplicates += 1
+                return False
+            raise CorrelationError(
+                f"two different terminal results for call {call_id!r}",
+                code=ErrorCode.DUPLICATE_RESULT,
+            )
+        self.results[call_id] = result
+        return True
+
+    def add_all(self, raws: Iterable[dict[str, Any]]) -> None:
+        for raw in raws:
+            self.add(raw)
+
+    @property
+    def pending(self) -> list[str]:
+        return [call_id for call_id, _ in self.proposals if call_id not in self.results]
+
+    @property
+    def complete(self) -> bool:
+        return not self.pending
+
+    def ordered(self) -> list[Result]:
+        """Results in proposal order (only those that arrived)."""
+        return [self.results[c] for c, _ in self.proposals if c in self.results]
+
+
+def correlate(proposals: Sequence[tuple[str, str]], results: Iterable[dict[str, Any]]) -> list[Result]:
+    """Exactly one terminal result per proposal, in proposal order, or a CorrelationError."""
+    fan = FanIn(proposals)
+    fan.add_all(results)
+    if fan.pending:
+        raise CorrelationError(
+            f"no result for call(s) {fan.pending}", code=ErrorCode.MISSING_RESULT
+        )
+    return fan.ordered()

@@ -1,0 +1,157 @@
+"""The producer: records a turn in Postgres, enqueues its calls on Redis, fans results in."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from pydantic import ValidationError
+from rq import Queue
+from sqlalchemy import Engine
+
+from producer.fanin import FanIn, Result
+from producer.planning import plan
+from store import db, transport, turns
+from store.errors import InputError, ServiceUnavailable
+from store.settings import Settings
+from store.types import CallContext, ProposedCall, Turn
+from worker import registry as tool_registry
+
+# How often collect() re-reads Postgres while it waits on the stream: the safety net for a
+# publish Redis dropped. Results normally arrive through the stream within milliseconds.
+POSTGRES_RECHECK_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Collected:
+    """The fan-in of one turn: one result per finished call, and the calls still pending."""
+
+    turn_id: str
+    complete: bool
+    results: list[Result]
+    pending: list[str]
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "turn_id": self.turn_id,
+            "complete": self.complete,
+            "results": [r.model_dump(mode="json", exclude_none=True) for r in self.results],
+            "pending": self.pending,
+        }
+
+
+class Producer:
+    """Embed this in an application: ``Producer.from_env().submit(proposals, context)``."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        engine: Engine,
+        redis_connection: redis.Redis,
+        registry: tool_registry.Registry,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.redis = redis_connection
+        self.registry = registry
+        self.queue: Queue = transport.job_queue(redis_connection, settings.queue)
+
+    @classmethod
+    def from_env(cls, settings: Settings | None = None) -> Producer:
+        """Build from ``CALLGATE_DATABASE_URL``, ``CALLGATE_REDIS_URL`` and friends."""
+        settings = settings or Settings.from_env()
+        return cls(
+            settings=settings,
+            engine=db.create(settings.require_database(), application_name="callgate-producer"),
+            redis_connection=transport.connect(settings.require_redis()),
+            registry=tool_registry.load(os.environ.get("CALLGATE_TOOLS")),
+        )
+
+    def submit(
+        self,
+        proposals: Sequence[ProposedCall | Mapping[str, Any]],
+        context: CallContext | Mapping[str, Any],
+        *,
+        operation_ids: Mapping[str, str] | None = None,
+    ) -> Turn:
+        """Record the turn, its calls and one operation per call, then enqueue the calls.
+
+        ``operation_ids`` maps a call id to an operation id the application issued before
+        (a retry of the same logical write in a new turn): that operation is reused.
+        Reads are enqueued at once; of the writes only the first, the rest follow in order.
+        """
+        try:
+            calls = [p if isinstance(p, ProposedCall) else ProposedCall.model_validate(p) for p in proposals]
+            ctx = context if isinstance(context, CallContext) else CallContext.model_validate(context)
+        except ValidationError as exc:
+            raise InputError(f"bad proposal or context: {_first_error(exc)}") from None
+        planned = plan(calls, ctx, self.registry, operation_ids)
+        with db.translate_errors("submit"):
+            turn_id = turns.record(self.engine, ctx, planned)
+        turn = turns.as_turn(turn_id, planned)
+        try:
+            transport.enqueue_calls(
+                self.queue,
+                [p.ref for p in planned if p.dispatch_now],
+                timeout=self.settings.job_timeout_seconds,
+            )
+        except ServiceUnavailable as exc:
+            # The turn is recorded; the sweeper dispatches it once Redis is back.
+            raise ServiceUnavailable(
+                f"turn {turn_id} is recorded but not yet enqueued ({exc.message}); "
+                "the sweeper will dispatch it",
+                code=exc.code,
+            ) from exc
+        return turn
+
+    def collect(self, turn_id: str, timeout: float) -> Collected:
+        """Wait up to ``timeout`` seconds for one terminal result per proposed call.
+
+        Returns as soon as the last result arrives. On timeout, ``pending`` names the calls
+        without a result: nothing is invented for them.
+        """
+        with db.translate_errors("collect"):
+            state = turns.load_state(self.engine, turn_id)
+        fan = FanIn(state.proposals)
+        fan.add_all(state.results)
+        stream = transport.results_stream(self.settings.queue, state.turn_id)
+        deadline = time.monotonic() + max(timeout, 0.0)
+        last_id = "0-0"
+        next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
+        while not fan.complete:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            block_ms = max(1, int(min(remaining, POSTGRES_RECHECK_SECONDS) * 1000))
+            with transport.translate_errors("collect"):
+                reply = self.redis.xread({stream: last_id}, block=block_ms, count=500)
+            for _stream, entries in reply or []:
+                for entry_id, fields in entries:
+                    last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                    fan.add(json.loads(fields[b"result"]))
+            if not fan.complete and time.monotonic() >= next_recheck:
+                with db.translate_errors("collect"):
+                    fan.add_all(turns.load_state(self.engine, turn_id).results)
+                next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
+        return Collected(
+            turn_id=str(state.turn_id),
+            complete=fan.complete,
+            results=fan.ordered(),
+            pending=fan.pending,
+        )
+
+    def close(self) -> None:
+        self.engine.dispose()
+        self.redis.close()
+
+
+def _first_error(exc: ValidationError) -> str:
+    err = exc.errors(include_input=False, include_url=False)[0]
+    where = "/".join(str(p) for p in err["loc"]) or "(root)"
+    return f"{where}: {err['msg']}"

@@ -1,0 +1,49 @@
+"""Reading one call with everything a worker needs to decide, in one round trip."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+LOAD_SQL = """
+SELECT c.id, c.turn_id, c.call_id, c.tool_name, c.arguments, c.kind, c.state,
+       c.operation_id, c.after_call,
+       prev.state AS after_state,
+       t.request_id, t.tenant_id, t.user_id, t.roles
+  FROM callgate.calls AS c
+  JOIN callgate.turns AS t USING (turn_id)
+  LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
+ WHERE c.id = :ref
+"""
+
+
+@dataclass(frozen=True)
+class CallRecord:
+    ref: uuid.UUID
+    turn_id: uuid.UUID
+    call_id: str
+    tool_name: str
+    arguments: dict[str, Any]
+    kind: str
+    state: str
+    operation_id: str
+    after_call: uuid.UUID | None
+    after_state: str | None
+    request_id: str
+    tenant_id: str
+    user_id: str
+    roles: tuple[str, ...]
+
+
+def load(engine: Engine, ref: uuid.UUID) -> CallRecord | None:
+    with engine.connect() as conn:
+        row = conn.execute(text(LOAD_SQL), {"ref": ref}).mappings().first()
+    if row is None:
+        return None
+    data = dict(row)
+    data["ref"] = data.pop("id")
+    data["roles"] = tuple(data["roles"])
+    return CallRecord(**data)

@@ -1,0 +1,60 @@
+"""Connections to Postgres, and the one place driver errors become callgate errors."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import psycopg
+from sqlalchemy import Engine, create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+
+from store.errors import ConfigurationError, ServiceUnavailable
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Accept libpq-style ``postgresql://`` URLs and pin the psycopg 3 driver."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigurationError(f"not a database URL: {url!r}") from None
+    if parsed.get_backend_name() != "postgresql":
+        raise ConfigurationError(f"callgate needs PostgreSQL, got {parsed.drivername!r}")
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def libpq_url(url: str) -> str:
+    """The same URL in the form psycopg.connect() takes (for LISTEN connections)."""
+    parsed = make_url(sqlalchemy_url(url))
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def create(url: str, *, pool_size: int = 2, application_name: str = "callgate") -> Engine:
+    return create_engine(
+        sqlalchemy_url(url),
+        pool_size=pool_size,
+        max_overflow=4,
+        pool_pre_ping=True,
+        connect_args={"application_name": application_name, "connect_timeout": 5},
+    )
+
+
+@contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """Turn "cannot reach Postgres" into one actionable ServiceUnavailable."""
+    try:
+        yield
+    except OperationalError as exc:
+        raise ServiceUnavailable(f"{what}: cannot reach PostgreSQL ({_first_line(exc)})") from exc
+    except psycopg.OperationalError as exc:
+        raise ServiceUnavailable(f"{what}: cannot reach PostgreSQL ({_first_line(exc)})") from exc
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise ServiceUnavailable(f"{what}: lost the PostgreSQL connection") from exc
+        raise
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__

@@ -1,0 +1,117 @@
+"""One exception root with stable, documented error codes.
+
+Every error a person or a model can see carries a ``code`` from ``ErrorCode``. Driver errors
+are translated at the boundary (``raise ... from exc``) so domain code never sees psycopg or
+redis exception types.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Any
+
+
+class ErrorCode(StrEnum):
+    # Gate (SPEC §3), in gate order.
+    UNKNOWN_TOOL = "unknown_tool"
+    TOOL_NOT_ALLOWED = "tool_not_allowed"
+    INVALID_ARGUMENTS_JSON = "invalid_arguments_json"
+    INVALID_ARGUMENTS = "invalid_arguments"
+    REFUND_AMOUNT_EXCEEDED = "refund_amount_exceeded"
+    PERMISSION_DENIED = "permission_denied"
+    APPROVAL_REQUIRED = "approval_required"
+    APPROVAL_DENIED = "approval_denied"
+    IDEMPOTENCY_CONFLICT = "idempotency_conflict"
+    OPERATION_IN_PROGRESS = "operation_in_progress"
+    # Execution.
+    UPSTREAM_UNAVAILABLE = "upstream_unavailable"
+    STALE_FENCE = "stale_fence"
+    NOT_FOUND = "not_found"
+    RECONCILIATION_PENDING = "reconciliation_pending"
+    EXECUTION_FAILED = "execution_failed"
+    # Correlation (SPEC §4).
+    MISSING_RESULT = "missing_result"
+    DUPLICATE_RESULT = "duplicate_result"
+    EXTRA_RESULT = "extra_result"
+    TOOL_NAME_MISMATCH = "tool_name_mismatch"
+    NON_TERMINAL_RESULT = "non_terminal_result"
+    # Input, configuration and infrastructure.
+    INVALID_INPUT = "invalid_input"
+    INVALID_CONFIGURATION = "invalid_configuration"
+    UNKNOWN_TURN = "unknown_turn"
+    DATABASE_UNAVAILABLE = "database_unavailable"
+    REDIS_UNAVAILABLE = "redis_unavailable"
+    EMBEDDED_SERVICE_FAILED = "embedded_service_failed"
+
+
+# Codes after which running the same call again, unchanged, cannot succeed.
+RETRYABLE_CODES = frozenset(
+    {
+        ErrorCode.UPSTREAM_UNAVAILABLE,
+        ErrorCode.OPERATION_IN_PROGRESS,
+        ErrorCode.DATABASE_UNAVAILABLE,
+        ErrorCode.REDIS_UNAVAILABLE,
+    }
+)
+
+
+class CallgateError(Exception):
+    """Root of every error callgate raises on purpose."""
+
+    code: ErrorCode = ErrorCode.EXECUTION_FAILED
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: ErrorCode | None = None,
+        details: list[dict[str, Any]] | None = None,
+    ) -> None:
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+        self.details = details or []
+
+    @property
+    def retryable(self) -> bool:
+        return self.code in RETRYABLE_CODES
+
+    def __str__(self) -> str:
+        return f"{self.code}: {self.message}"
+
+
+class ConfigurationError(CallgateError):
+    code = ErrorCode.INVALID_CONFIGURATION
+
+
+class InputError(CallgateError):
+    """Malformed input from a user or an application (envelope, file, context)."""
+
+    code = ErrorCode.INVALID_INPUT
+
+
+class ServiceUnavailable(CallgateError):
+    """Postgres or Redis could not be reached."""
+
+    code = ErrorCode.DATABASE_UNAVAILABLE
+
+
+class UnknownTurn(CallgateError):
+    code = ErrorCode.UNKNOWN_TURN
+
+
+class CorrelationError(CallgateError):
+    """Results do not match proposals one to one (SPEC §4)."""
+
+    code = ErrorCode.MISSING_RESULT
+
+
+class ToolError(CallgateError):
+    """Raised by the gate or a tool handler; becomes the call's terminal error result."""
+
+
+class StaleFence(ToolError):
+    """The downstream saw a larger fencing token for this key: this owner is stale."""
+
+    code = ErrorCode.STALE_FENCE

@@ -1,0 +1,99 @@
+"""The relayer: publishes committed outbox rows to Redis for fan-in.
+
+Claim a batch with ``FOR UPDATE SKIP LOCKED`` (several relayers never publish the same rows
+at once), publish, mark, commit. A relayer killed between publish and mark leaves its rows
+unmarked and unlocked: they are published again, so fan-in drops duplicates by call id.
+It sleeps on ``LISTEN callgate_outbox`` and polls on timeout (a notification sent while it
+was disconnected is lost, so it always drains once after (re)connecting).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+import psycopg
+import redis
+from sqlalchemy import Engine, text
+
+from store import db, transport
+
+log = logging.getLogger("callgate.relayer")
+
+CHANNEL = "callgate_outbox"
+
+CLAIM_SQL = """
+SELECT id, turn_id, payload
+  FROM callgate.outbox
+ WHERE published_at IS NULL
+ ORDER BY id
+ LIMIT :batch
+   FOR UPDATE SKIP LOCKED
+"""
+
+MARK_SQL = "UPDATE callgate.outbox SET published_at = now() WHERE id = ANY(:ids)"
+
+
+def drain_once(
+    engine: Engine,
+    connection: redis.Redis,
+    *,
+    queue: str,
+    batch: int,
+    mark_delay: float = 0.0,
+) -> int:
+    """Publish one batch. Returns how many rows it published (0: nothing was waiting)."""
+    with engine.begin() as conn:
+        rows = conn.execute(text(CLAIM_SQL), {"batch": batch}).all()
+        if not rows:
+            return 0
+        pipe = connection.pipeline(transaction=False)
+        for row in rows:
+            stream = transport.results_stream(queue, row.turn_id)
+            pipe.xadd(stream, {"outbox_id": row.id, "result": json.dumps(row.payload)})
+            pipe.expire(stream, transport.RESULT_STREAM_TTL_SECONDS)
+        with transport.translate_errors("relayer publish"):
+            pipe.execute()
+        if mark_delay:
+            # Chaos knob (CALLGATE_RELAYER_MARK_DELAY_MS): widens the publish-to-mark window
+            # so a test can kill the relayer inside it.
+            time.sleep(mark_delay)
+        conn.execute(text(MARK_SQL), {"ids": [row.id for row in rows]})
+    return len(rows)
+
+
+def drain(engine: Engine, connection: redis.Redis, *, queue: str, batch: int, mark_delay: float = 0.0) -> int:
+    total = 0
+    while n := drain_once(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay):
+        total += n
+    return total
+
+
+def run(
+    engine: Engine,
+    connection: redis.Redis,
+    database_url: str,
+    *,
+    queue: str,
+    batch: int,
+    poll_seconds: float = 1.0,
+    mark_delay: float = 0.0,
+    stop: threading.Event | None = None,
+) -> None:
+    """Relay until ``stop`` is set. Reconnects on its own after Postgres or Redis hiccups."""
+    stop = stop or threading.Event()
+    while not stop.is_set():
+        try:
+            with psycopg.connect(db.libpq_url(database_url), autocommit=True) as listener:
+                listener.execute(f"LISTEN {CHANNEL}")
+                drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
+                while not stop.is_set():
+                    # Wake on the first notification or after poll_seconds, then drain.
+                    for _ in listener.notifies(timeout=poll_seconds, stop_after=1):
+                        pass
+                    drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
+        except Exception as exc:  # keep relaying: a restart would lose nothing, but costs time
+            log.warning("relayer: %s; retrying in 1s", exc)
+            stop.wait(1.0)

@@ -1,0 +1,325 @@
+"""The guarantees, one SQL statement each: reserve, renew, complete, reject, reuse.
+
+- ``reserve``: one guarded UPDATE; exactly one of N competing workers gets a row back. A
+  lease that has expired is taken over with ``generation + 1`` (the fencing token).
+- ``renew``: extends the lease only for the same owner and generation.
+- ``complete``: requires state ``in_progress`` and the same intent, owner and generation; in
+  the same statement it writes the result, every open call of the operation, their outbox
+  rows and trace events, and wakes the relayer. No row means a stale owner: nothing changes.
+- ``reject`` / ``reuse``: end one call without running anything (a gate refusal, or a result
+  the operation already has), with the same outbox and trace in the same statement.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Connection, Engine, text
+
+from store.types import TERMINAL_STATES
+
+RESERVE_SQL = """
+WITH op AS (
+    UPDATE callgate.operations
+       SET state = 'in_progress',
+           owner_token = :owner_token,
+           generation = generation + 1,
+           intent_hash = :intent_hash,
+           reserved_from = state,
+           lease_expires_at = now() + make_interval(secs => :lease_seconds),
+           attempts = attempts + 1
+     WHERE operation_id = :operation_id
+       AND (intent_hash IS NULL OR intent_hash = :intent_hash)
+       AND (state = 'pending' OR (state = 'in_progress' AND lease_expires_at < now()))
+    RETURNING operation_id, generation, reserved_from
+), started AS (
+    UPDATE callgate.calls AS c
+       SET state = 'started'
+      FROM op
+     WHERE c.id = :call_ref AND c.state = 'proposed'
+    RETURNING c.id
+), traced AS (
+    INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, generation, detail)
+    SELECT CAST(:turn_id AS uuid), CAST(:call_ref AS uuid), op.operation_id,
+           CASE WHEN op.reserved_from = 'in_progress' THEN 'takeover' ELSE 'reserved' END,
+           op.generation, jsonb_build_object('intent_hash', CAST(:intent_hash AS text))
+      FROM op
+)
+SELECT generation, reserved_from FROM op
+"""
+
+RENEW_SQL = """
+UPDATE callgate.operations
+   SET lease_expires_at = now() + make_interval(secs => :lease_seconds)
+ WHERE operation_id = :operation_id
+   AND state = 'in_progress'
+   AND owner_token = :owner_token
+   AND generation = :generation
+RETURNING lease_expires_at
+"""
+
+# The tail shared by every statement that ends calls: `finished` holds the calls just made
+# terminal (id, turn_id, result, status). Their outbox rows, trace events, the relayer's
+# wake-up and the next write of each turn are written in the same statement.
+_FINISH_TAIL = """
+, outboxed AS (
+    INSERT INTO callgate.outbox (turn_id, call_ref, payload)
+    SELECT turn_id, id, result FROM finished
+    RETURNING id
+), traced AS (
+    INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, generation, detail)
+    SELECT turn_id, id, operation_id, CAST(:event AS text), CAST(:generation AS integer),
+           jsonb_build_object('status', status, 'code', result #>> '{error,code}')
+      FROM finished
+), woken AS (
+    SELECT pg_notify('callgate_outbox', '') FROM (SELECT 1 FROM outboxed LIMIT 1) AS any_row
+), successors AS (
+    UPDATE callgate.calls AS s
+       SET dispatched_at = now(), dispatches = s.dispatches + 1
+      FROM finished
+     WHERE s.after_call = finished.id AND s.state = 'proposed'
+    RETURNING s.id
+)
+SELECT (SELECT count(*) FROM finished) AS finished,
+       (SELECT count(*) FROM woken) AS woken,
+       (SELECT coalesce(array_agg(id), '{}') FROM successors) AS successors
+"""
+
+COMPLETE_SQL = (
+    """
+WITH op AS (
+    UPDATE callgate.operations
+       SET state = :op_state,
+           result = CASE WHEN CAST(:op_state AS text) = 'pending' THEN NULL ELSE CAST(:body AS jsonb) END,
+           owner_token = NULL,
+           lease_expires_at = NULL,
+           completed_at = now()
+     WHERE operation_id = :operation_id
+       AND state = 'in_progress'
+       AND intent_hash = :intent_hash
+       AND owner_token = :owner_token
+       AND generation = :generation
+    RETURNING operation_id
+), finished AS (
+    UPDATE callgate.calls AS c
+       SET state = :status,
+           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+                    || CAST(:body AS jsonb),
+           completed_at = now()
+      FROM op
+     WHERE c.operation_id = op.operation_id AND c.state IN ('proposed', 'started')
+    RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
+)"""
+    + _FINISH_TAIL
+    + ", (SELECT count(*) FROM op) AS won"
+)
+
+REJECT_SQL = (
+    """
+WITH finished AS (
+    UPDATE callgate.calls AS c
+       SET state = :status,
+           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+                    || CAST(:body AS jsonb),
+           completed_at = now()
+     WHERE c.id = :call_ref AND c.state IN ('proposed', 'started')
+    RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
+)"""
+    + _FINISH_TAIL
+)
+
+REUSE_SQL = (
+    """
+WITH finished AS (
+    UPDATE callgate.calls AS c
+       SET state = op.result ->> 'status',
+           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+                    || op.result,
+           completed_at = now()
+      FROM callgate.operations AS op
+     WHERE c.id = :call_ref AND c.state IN ('proposed', 'started')
+       AND op.operation_id = c.operation_id
+       AND op.state IN ('succeeded', 'failed')
+       AND op.intent_hash = :intent_hash
+    RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
+)"""
+    + _FINISH_TAIL
+)
+
+OPERATION_SQL = """
+SELECT state, intent_hash, lease_expires_at > now() AS lease_live, generation
+  FROM callgate.operations WHERE operation_id = :operation_id
+"""
+
+TRACE_SQL = """
+INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, generation, detail)
+VALUES (:turn_id, :call_ref, :operation_id, :event, :generation, CAST(:detail AS jsonb))
+"""
+
+
+@dataclass(frozen=True)
+class Reserved:
+    generation: int
+    takeover: bool
+
+
+@dataclass(frozen=True)
+class NotReserved:
+    """Why the reservation failed: done (reuse), busy (another live owner), or conflict."""
+
+    reason: Literal["done", "busy", "conflict", "missing"]
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class Finished:
+    finished: int
+    successors: list[uuid.UUID]
+    won: bool = True
+
+
+@dataclass(frozen=True)
+class Lease:
+    operation_id: str
+    owner_token: uuid.UUID
+    generation: int
+    intent_hash: str
+
+
+def reserve(
+    engine: Engine,
+    *,
+    operation_id: str,
+    call_ref: uuid.UUID,
+    turn_id: uuid.UUID,
+    owner_token: uuid.UUID,
+    intent_hash: str,
+    lease_seconds: float,
+) -> Reserved | NotReserved:
+    with engine.begin() as conn:
+        row = conn.execute(
+            text(RESERVE_SQL),
+            {
+                "operation_id": operation_id,
+                "call_ref": call_ref,
+                "turn_id": turn_id,
+                "owner_token": owner_token,
+                "intent_hash": intent_hash,
+                "lease_seconds": lease_seconds,
+            },
+        ).first()
+        if row is not None:
+            return Reserved(row.generation, takeover=row.reserved_from == "in_progress")
+        # Lost: read why, only to choose what this delivery does next. Nothing below
+        # changes state on the strength of this read.
+        op = conn.execute(text(OPERATION_SQL), {"operation_id": operation_id}).first()
+    if op is None:
+        return NotReserved("missing")
+    if op.intent_hash is not None and op.intent_hash != intent_hash:
+        return NotReserved("conflict", op.generation)
+    if op.state in ("succeeded", "failed"):
+        return NotReserved("done", op.generation)
+    return NotReserved("busy", op.generation)
+
+
+def renew(conn: Connection, lease: Lease, lease_seconds: float) -> bool:
+    row = conn.execute(
+        text(RENEW_SQL),
+        {
+            "operation_id": lease.operation_id,
+            "owner_token": lease.owner_token,
+            "generation": lease.generation,
+            "lease_seconds": lease_seconds,
+        },
+    ).first()
+    conn.commit()
+    return row is not None
+
+
+def result_body(status: str, payload: dict[str, Any]) -> str:
+    """``{"status", "data"}`` or ``{"status", "error"}``: a result without its call's ids."""
+    key = "data" if status == "succeeded" else "error"
+    return json.dumps({"status": status, key: payload})
+
+
+def complete(engine: Engine, lease: Lease, *, status: str, payload: dict[str, Any]) -> Finished:
+    """Commit the outcome iff this owner still holds this generation. Else change nothing."""
+    assert status in TERMINAL_STATES
+    # A retryable failure ends the call but leaves the operation open for a later retry.
+    op_state = {"succeeded": "succeeded", "failed_terminal": "failed"}.get(status, "pending")
+    with engine.begin() as conn:
+        row = conn.execute(
+            text(COMPLETE_SQL),
+            {
+                "operation_id": lease.operation_id,
+                "owner_token": lease.owner_token,
+                "generation": lease.generation,
+                "intent_hash": lease.intent_hash,
+                "op_state": op_state,
+                "status": status,
+                "body": result_body(status, payload),
+                "event": "completed",
+            },
+        ).one()
+    return Finished(row.finished, list(row.successors), won=bool(row.won))
+
+
+def reject(
+    engine: Engine, *, call_ref: uuid.UUID, status: str, error: dict[str, Any]
+) -> Finished:
+    """End one call that the gate refused. Nothing was reserved; nothing ran."""
+    with engine.begin() as conn:
+        row = conn.execute(
+            text(REJECT_SQL),
+            {
+                "call_ref": call_ref,
+                "status": status,
+                "body": result_body(status, error),
+                "event": "rejected",
+                "generation": None,
+            },
+        ).one()
+    return Finished(row.finished, list(row.successors))
+
+
+def reuse(engine: Engine, *, call_ref: uuid.UUID, intent_hash: str) -> Finished:
+    """End one call with the result its operation already committed (a redelivery)."""
+    with engine.begin() as conn:
+        row = conn.execute(
+            text(REUSE_SQL),
+            {
+                "call_ref": call_ref,
+                "intent_hash": intent_hash,
+                "event": "result_reused",
+                "generation": None,
+            },
+        ).one()
+    return Finished(row.finished, list(row.successors))
+
+
+def trace(
+    engine: Engine,
+    *,
+    event: str,
+    turn_id: uuid.UUID | None,
+    call_ref: uuid.UUID | None,
+    operation_id: str | None,
+    generation: int | None = None,
+    detail: dict[str, Any] | None = None,
+) -> None:
+    """A counted event that changes no state (duplicate delivery, stale owner, …)."""
+    with engine.begin() as conn:
+        conn.execute(
+            text(TRACE_SQL),
+            {
+                "turn_id": turn_id,
+                "call_ref": call_ref,
+                "operation_id": operation_id,
+                "event": event,
+                "generation": generation,
+                "detail": json.dumps(detail or {}),
+            },
+        )

@@ -1,0 +1,138 @@
+"""callgate's tables, declared once. Migrations must produce exactly this (tests/integration).
+
+State columns are checked in the database, not only in Python:
+- ``operations.state``: pending → in_progress → succeeded | failed; ``generation`` grows by one
+  on every reservation and is the fencing token the downstream sees.
+- ``calls.state``: proposed → started → succeeded | failed_retryable | failed_terminal.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    ARRAY,
+    BigInteger,
+    CheckConstraint,
+    Column,
+    DateTime,
+    ForeignKey,
+    Identity,
+    Index,
+    Integer,
+    MetaData,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    func,
+    text,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+
+SCHEMA = "callgate"
+
+metadata = MetaData(schema=SCHEMA)
+
+
+
+turns = Table(
+    "turns",
+    metadata,
+    Column("turn_id", Uuid, primary_key=True),
+    Column("request_id", Text, nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("user_id", Text, nullable=False),
+    Column("roles", ARRAY(Text), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+
+operations = Table(
+    "operations",
+    metadata,
+    Column("operation_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("tool_name", Text, nullable=False),
+    Column("idempotency_key", Text, nullable=False, unique=True),
+    Column("intent_hash", Text),
+    Column("state", Text, nullable=False, server_default="pending"),
+    Column("owner_token", Uuid),
+    Column("generation", Integer, nullable=False, server_default="0"),
+    Column("reserved_from", Text),
+    Column("lease_expires_at", DateTime(timezone=True)),
+    Column("result", JSONB),
+    Column("attempts", Integer, nullable=False, server_default="0"),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("completed_at", DateTime(timezone=True)),
+    CheckConstraint(
+        "state IN ('pending', 'in_progress', 'succeeded', 'failed')", name="operations_state"
+    ),
+    CheckConstraint(
+        "(state = 'in_progress') = (owner_token IS NOT NULL AND lease_expires_at IS NOT NULL)",
+        name="operations_owner_iff_in_progress",
+    ),
+)
+
+calls = Table(
+    "calls",
+    metadata,
+    Column("id", Uuid, primary_key=True),
+    Column("turn_id", Uuid, ForeignKey("callgate.turns.turn_id"), nullable=False),
+    Column("call_id", Text, nullable=False),
+    Column("position", Integer, nullable=False),
+    Column("tool_name", Text, nullable=False),
+    Column("arguments", JSONB, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column(
+        "operation_id", Text, ForeignKey("callgate.operations.operation_id"), nullable=False
+    ),
+    Column("after_call", Uuid, ForeignKey("callgate.calls.id")),
+    Column("state", Text, nullable=False, server_default="proposed"),
+    Column("result", JSONB),
+    Column("dispatches", Integer, nullable=False, server_default="0"),
+    Column("dispatched_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("completed_at", DateTime(timezone=True)),
+    UniqueConstraint("turn_id", "call_id", name="calls_turn_call_id"),
+    CheckConstraint("kind IN ('read', 'write')", name="calls_kind"),
+    CheckConstraint(
+        "state IN ('proposed', 'started', 'succeeded', 'failed_retryable', 'failed_terminal')",
+        name="calls_state",
+    ),
+    CheckConstraint(
+        "(result IS NOT NULL) = (state IN ('succeeded', 'failed_retryable', 'failed_terminal'))",
+        name="calls_result_iff_terminal",
+    ),
+)
+Index("calls_operation", calls.c.operation_id)
+Index("calls_after_call", calls.c.after_call)
+Index(
+    "calls_open",
+    calls.c.dispatched_at,
+    postgresql_where=text("state IN ('proposed', 'started')"),
+)
+
+outbox = Table(
+    "outbox",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("turn_id", Uuid, nullable=False),
+    Column("call_ref", Uuid, ForeignKey("callgate.calls.id"), nullable=False),
+    Column("payload", JSONB, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("published_at", DateTime(timezone=True)),
+)
+Index("outbox_unpublished", outbox.c.id, postgresql_where=text("published_at IS NULL"))
+
+trace_events = Table(
+    "trace_events",
+    metadata,
+    Column("id", BigInteger, Identity(), primary_key=True),
+    Column("turn_id", Uuid),
+    Column("call_ref", Uuid),
+    Column("operation_id", Text),
+    Column("event", Text, nullable=False),
+    Column("generation", Integer),
+    Column("detail", JSONB, nullable=False, server_default=text("'{}'::jsonb")),
+    Column("at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)
+Index("trace_events_call", trace_events.c.call_ref)
+Index("trace_events_turn", trace_events.c.turn_id)

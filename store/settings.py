@@ -1,0 +1,84 @@
+"""Settings, each mirrored by a ``CALLGATE_…`` environment variable.
+
+Read once per process. A bad value is a ``ConfigurationError`` naming the variable.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, replace
+from typing import Self
+
+from store.errors import ConfigurationError
+
+_QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def _float(env: dict[str, str], name: str, default: float, *, minimum: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name}={raw!r} is not a number") from None
+    if value < minimum:
+        raise ConfigurationError(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+@dataclass(frozen=True)
+class Settings:
+    database_url: str | None
+    redis_url: str | None
+    downstream_database_url: str | None
+    queue: str = "callgate"
+    lease_seconds: float = 30.0
+    sweep_seconds: float = 5.0
+    stale_seconds: float = 60.0
+    relayer_batch: int = 100
+    job_timeout_seconds: float = 300.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Self:
+        env = dict(os.environ if env is None else env)
+        queue = env.get("CALLGATE_QUEUE") or "callgate"
+        if not _QUEUE_NAME.match(queue):
+            raise ConfigurationError(
+                f"CALLGATE_QUEUE={queue!r}: use 1-64 letters, digits, '_', '-' or '.'"
+            )
+        lease = _float(env, "CALLGATE_LEASE_SECONDS", 30.0, minimum=0.5)
+        return cls(
+            database_url=env.get("CALLGATE_DATABASE_URL") or None,
+            redis_url=env.get("CALLGATE_REDIS_URL") or None,
+            downstream_database_url=env.get("CALLGATE_DOWNSTREAM_DATABASE_URL") or None,
+            queue=queue,
+            lease_seconds=lease,
+            sweep_seconds=_float(env, "CALLGATE_SWEEP_SECONDS", 5.0, minimum=0.05),
+            stale_seconds=_float(env, "CALLGATE_STALE_SECONDS", 60.0, minimum=0.1),
+            relayer_batch=int(_float(env, "CALLGATE_RELAYER_BATCH", 100, minimum=1)),
+            job_timeout_seconds=_float(env, "CALLGATE_JOB_TIMEOUT_SECONDS", 300.0, minimum=1),
+        )
+
+    def require_database(self) -> str:
+        if not self.database_url:
+            raise ConfigurationError(
+                "CALLGATE_DATABASE_URL is not set (e.g. postgresql://127.0.0.1:5432/test); "
+                "'callgate demo' and 'callgate up' start an embedded one when it is unset"
+            )
+        return self.database_url
+
+    def require_redis(self) -> str:
+        if not self.redis_url:
+            raise ConfigurationError(
+                "CALLGATE_REDIS_URL is not set (e.g. redis://127.0.0.1:6379/0); "
+                "'callgate demo' and 'callgate up' start an embedded one when it is unset"
+            )
+        return self.redis_url
+
+    def downstream_url(self) -> str:
+        return self.downstream_database_url or self.require_database()
+
+    def with_services(self, database_url: str, redis_url: str) -> Settings:
+        return replace(self, database_url=database_url, redis_url=redis_url)

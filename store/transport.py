@@ -1,0 +1,65 @@
+"""Redis as transport: connection, key names, the job queue and the result streams.
+
+Every Redis key callgate uses is named here. Messages carry ids, not payloads; the only
+payload on Redis is a committed result on its way to fan-in, and Postgres holds it too.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
+
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from store.errors import ErrorCode, ServiceUnavailable
+
+JOB_FUNCTION = "worker.jobs.run_call"
+RESULT_STREAM_TTL_SECONDS = 24 * 3600
+FAILED_JOB_TTL_SECONDS = 24 * 3600
+
+
+def connect(url: str) -> redis.Redis:
+    return redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+
+
+def results_stream(queue: str, turn_id: uuid.UUID | str) -> str:
+    return f"callgate:{queue}:results:{turn_id}"
+
+
+def job_queue(connection: redis.Redis, name: str) -> Queue:
+    return Queue(name, connection=connection, serializer=JSONSerializer)
+
+
+def enqueue_calls(queue: Queue, call_refs: Iterable[uuid.UUID], *, timeout: float) -> int:
+    """Enqueue one job per call in one Redis round trip. Jobs carry only the call's ref."""
+    datas = [
+        Queue.prepare_data(
+            JOB_FUNCTION,
+            args=(str(ref),),
+            timeout=int(timeout),
+            result_ttl=0,
+            failure_ttl=FAILED_JOB_TTL_SECONDS,
+            description=f"call {ref}",
+        )
+        for ref in call_refs
+    ]
+    if not datas:
+        return 0
+    with translate_errors("enqueue"):
+        queue.enqueue_many(datas)
+    return len(datas)
+
+
+@contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (RedisConnectionError, RedisTimeoutError) as exc:
+        raise ServiceUnavailable(
+            f"{what}: cannot reach Redis ({exc})", code=ErrorCode.REDIS_UNAVAILABLE
+        ) from exc

@@ -1,0 +1,153 @@
+"""Recording a turn (the producer's one transaction) and reading it back for fan-in."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, insert, select, text
+
+from store.errors import UnknownTurn
+from store.schema import calls, operations, turns
+from store.types import CallContext, ProposedCall, Turn, TurnCall
+
+RAW_ARGUMENTS = "$raw"  # key under which unparsed argument strings are stored
+
+
+@dataclass(frozen=True)
+class PlannedCall:
+    """A proposal with what the producer decided for it: ids, kind, key and predecessor."""
+
+    ref: uuid.UUID
+    proposal: ProposedCall
+    kind: str
+    operation_id: str
+    idempotency_key: str
+    after: uuid.UUID | None
+
+    @property
+    def dispatch_now(self) -> bool:
+        return self.after is None
+
+
+def record(
+    engine: Engine, context: CallContext, planned: Sequence[PlannedCall]
+) -> uuid.UUID:
+    """Turn, operations and calls in one transaction: all of it is recorded, or none."""
+    turn_id = uuid.uuid4()
+    with engine.begin() as conn:
+        conn.execute(
+            insert(turns).values(
+                turn_id=turn_id,
+                request_id=context.request_id,
+                tenant_id=context.tenant_id,
+                user_id=context.user_id,
+                roles=list(context.roles),
+            )
+        )
+        # An application may hand in an existing operation id (a retry of one logical
+        # write in a new turn): it is then reused, not re-issued.
+        conn.execute(
+            text(
+                "INSERT INTO callgate.operations (operation_id, tenant_id, tool_name,"
+                " idempotency_key) VALUES (:op, :tenant, :tool, :key)"
+                " ON CONFLICT (operation_id) DO NOTHING"
+            ),
+            [
+                {
+                    "op": p.operation_id,
+                    "tenant": context.tenant_id,
+                    "tool": p.proposal.tool_name,
+                    "key": p.idempotency_key,
+                }
+                for p in planned
+            ],
+        )
+        conn.execute(
+            text(
+                "INSERT INTO callgate.calls (id, turn_id, call_id, position, tool_name,"
+                " arguments, kind, operation_id, after_call, dispatches, dispatched_at)"
+                " VALUES (:id, :turn, :call_id, :position, :tool, CAST(:arguments AS jsonb),"
+                " :kind, :op, :after, :dispatches, CASE WHEN :dispatch THEN now() END)"
+            ),
+            [
+                {
+                    "id": p.ref,
+                    "turn": turn_id,
+                    "call_id": p.proposal.call_id,
+                    "position": i,
+                    "tool": p.proposal.tool_name,
+                    "arguments": json.dumps(_arguments_document(p.proposal.arguments)),
+                    "kind": p.kind,
+                    "op": p.operation_id,
+                    "after": p.after,
+                    "dispatches": 1 if p.dispatch_now else 0,
+                    "dispatch": p.dispatch_now,
+                }
+                for i, p in enumerate(planned)
+            ],
+        )
+    return turn_id
+
+
+def _arguments_document(arguments: Mapping[str, Any] | str) -> Any:
+    # Raw JSON strings are kept as given, so the gate can report invalid_arguments_json.
+    if isinstance(arguments, str):
+        return {RAW_ARGUMENTS: arguments}
+    return dict(arguments)
+
+
+def as_turn(turn_id: uuid.UUID, planned: Sequence[PlannedCall]) -> Turn:
+    return Turn(
+        turn_id=str(turn_id),
+        calls=tuple(
+            TurnCall(
+                call_id=p.proposal.call_id,
+                tool_name=p.proposal.tool_name,
+                operation_id=p.operation_id,
+                ref=str(p.ref),
+            )
+            for p in planned
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class TurnState:
+    turn_id: uuid.UUID
+    proposals: list[tuple[str, str]]  # (call_id, tool_name) in proposal order
+    results: list[dict[str, Any]]  # terminal results already committed
+
+
+def load_state(engine: Engine, turn_id: str) -> TurnState:
+    """The turn's proposal set and whatever results Postgres already holds."""
+    try:
+        tid = uuid.UUID(turn_id)
+    except ValueError:
+        raise UnknownTurn(f"{turn_id!r} is not a turn id (expected a UUID)") from None
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(calls.c.call_id, calls.c.tool_name, calls.c.result)
+            .where(calls.c.turn_id == tid)
+            .order_by(calls.c.position)
+        ).all()
+        if not rows:
+            exists = conn.execute(select(turns.c.turn_id).where(turns.c.turn_id == tid)).first()
+            if exists is None:
+                raise UnknownTurn(f"no turn {turn_id}")
+    return TurnState(
+        turn_id=tid,
+        proposals=[(r.call_id, r.tool_name) for r in rows],
+        results=[r.result for r in rows if r.result is not None],
+    )
+
+
+def operation_rows(engine: Engine, operation_ids: Sequence[str]) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            select(operations).where(operations.c.operation_id.in_(list(operation_ids)))
+        ).mappings()
+        return [dict(r) for r in rows]

@@ -1,0 +1,1 @@
+"""Competing RQ workers: gate, CAS reservation with lease and fence, handler, completion."""

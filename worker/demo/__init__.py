@@ -1,0 +1,1 @@
+"""Demo tools and the two demo downstream providers (payments, mail)."""

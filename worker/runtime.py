@@ -1,0 +1,51 @@
+"""Per-process resources of a worker: settings, engines, Redis, queue, registry."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import redis
+from rq import Queue
+from sqlalchemy import Engine
+
+from store import db, transport
+from store.settings import Settings
+from worker import registry as tool_registry
+
+
+@dataclass(frozen=True)
+class Runtime:
+    settings: Settings
+    engine: Engine
+    redis: redis.Redis
+    queue: Queue
+    registry: tool_registry.Registry
+
+    @classmethod
+    def create(cls, settings: Settings) -> Runtime:
+        connection = transport.connect(settings.require_redis())
+        return cls(
+            settings=settings,
+            engine=db.create(settings.require_database(), application_name="callgate-worker"),
+            redis=connection,
+            queue=transport.job_queue(connection, settings.queue),
+            registry=tool_registry.load(os.environ.get("CALLGATE_TOOLS")),
+        )
+
+
+_current: Runtime | None = None
+
+
+def install(rt: Runtime) -> None:
+    """Make ``rt`` the runtime every job of this process uses."""
+    global _current
+    _current = rt
+
+
+def current() -> Runtime:
+    """The process's runtime, built from the environment on first use."""
+    if _current is None:
+        install(Runtime.create(Settings.from_env()))
+    assert _current is not None
+    return _current
