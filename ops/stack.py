@@ -77,3 +77,19 @@ class Stack:
 
     def alive(self) -> list[str]:
         return [name for name, p in self.procs.items() if p.poll() is None]
+
+
+def wait_for_workers(redis_url: str, queue: str, count: int, timeout: float = 30.0) -> None:
+    """Block until ``count`` RQ workers listen on ``queue`` (they register on start)."""
+    from rq import Worker
+
+    from store import transport
+
+    connection = transport.connect(redis_url)
+    q = transport.job_queue(connection, queue)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(Worker.all(queue=q)) >= count:
+            return
+        time.sleep(0.05)
+    raise TimeoutError(f"{count} worker(s) did not start on queue {queue!r} in {timeout}s")

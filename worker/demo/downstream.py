@@ -132,6 +132,7 @@ class Provider:
         key serialise here: the second sees the first's response or its larger fence.
         """
         fingerprint = _fingerprint(request)
+        refusal: ToolError | None = None
         with self.engine.begin() as conn:
             conn.execute(
                 text(
@@ -148,43 +149,62 @@ class Provider:
                 ),
                 {"s": self.service, "k": key},
             ).one()
-            if fence < seen.max_fence:
-                self._reject(conn, key, "stale_fence", fence)
-                raise StaleFence(f"fencing token {fence} < {seen.max_fence} already seen")
-            if seen.fingerprint != fingerprint:
-                self._reject(conn, key, "idempotency_conflict", fence)
-                raise ToolError(
-                    "this idempotency key was used for a different request",
-                    code=ErrorCode.IDEMPOTENCY_CONFLICT,
-                )
-            if seen.response is None:
-                response = apply(conn)
-                conn.execute(
-                    text(
-                        "INSERT INTO downstream.side_effects"
-                        " (service, idempotency_key, resource_id, action, fencing_token)"
-                        " VALUES (:s, :k, :r, :a, :fence)"
-                    ),
-                    {
-                        "s": self.service,
-                        "k": key,
-                        "r": response["resource_id"],
-                        "a": response["action"],
-                        "fence": fence,
-                    },
-                )
-                replayed = False
+            refusal = self._refusal_of(seen, fence, fingerprint)
+            if refusal is not None:
+                # The rejection is committed (counted) before it is raised.
+                self._reject(conn, key, refusal.code.value, fence)
             else:
-                response, replayed = dict(seen.response), True
+                response, replayed = self._apply_once(conn, key, fence, seen.response, apply)
+        if refusal is not None:
+            raise refusal
+        return {**response, "replayed": replayed}
+
+    def _apply_once(
+        self,
+        conn: Connection,
+        key: str,
+        fence: int,
+        stored: dict[str, Any] | None,
+        apply: Callable[[Connection], dict[str, Any]],
+    ) -> tuple[dict[str, Any], bool]:
+        if stored is not None:
+            response, replayed = dict(stored), True
+        else:
+            response, replayed = apply(conn), False
             conn.execute(
                 text(
-                    "UPDATE downstream.idempotency SET max_fence = :fence,"
-                    " response = CAST(:r AS jsonb)"
-                    " WHERE service = :s AND idempotency_key = :k"
+                    "INSERT INTO downstream.side_effects"
+                    " (service, idempotency_key, resource_id, action, fencing_token)"
+                    " VALUES (:s, :k, :r, :a, :fence)"
                 ),
-                {"s": self.service, "k": key, "fence": fence, "r": json.dumps(response)},
+                {
+                    "s": self.service,
+                    "k": key,
+                    "r": response["resource_id"],
+                    "a": response["action"],
+                    "fence": fence,
+                },
             )
-        return {**response, "replayed": replayed}
+        conn.execute(
+            text(
+                "UPDATE downstream.idempotency SET max_fence = :fence,"
+                " response = CAST(:r AS jsonb)"
+                " WHERE service = :s AND idempotency_key = :k"
+            ),
+            {"s": self.service, "k": key, "fence": fence, "r": json.dumps(response)},
+        )
+        return response, replayed
+
+    @staticmethod
+    def _refusal_of(seen: Any, fence: int, fingerprint: str) -> ToolError | None:
+        if fence < seen.max_fence:
+            return StaleFence(f"fencing token {fence} < {seen.max_fence} already seen")
+        if seen.fingerprint != fingerprint:
+            return ToolError(
+                "this idempotency key was used for a different request",
+                code=ErrorCode.IDEMPOTENCY_CONFLICT,
+            )
+        return None
 
     def _reject(self, conn: Connection, key: str, reason: str, fence: int) -> None:
         conn.execute(

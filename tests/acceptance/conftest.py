@@ -1,0 +1,82 @@
+"""Real processes: workers, relayer and sweeper started through the CLI, killed for real."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, text
+
+from ops.stack import Stack, wait_for_workers
+from producer import Producer
+from store.settings import Settings
+
+SUPPORT_A = {"request_id": "req-t", "tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
+REFUND_O17 = {"order_id": "O-17", "amount": 12000, "currency": "KRW"}
+
+
+@pytest.fixture
+def producer(service_env: dict[str, str]) -> Iterator[Producer]:
+    p = Producer.from_env(Settings.from_env(service_env))
+    yield p
+    p.close()
+
+
+@pytest.fixture
+def stack(service_env: dict[str, str]) -> Iterator[Callable[..., Stack]]:
+    """Start a Stack with extra env; it is stopped (SIGCONT + SIGTERM, then SIGKILL) after."""
+    started: list[Stack] = []
+
+    def start(*, workers: int = 1, relayer: bool = True, sweeper: bool = True, **env: str) -> Stack:
+        s = Stack(env={**service_env, **env}, workers=workers, relayer=relayer, sweeper=sweeper)
+        s.__enter__()
+        started.append(s)
+        if workers:
+            wait_for_workers(service_env["CALLGATE_REDIS_URL"], service_env["CALLGATE_QUEUE"], workers)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float = 15.0, what: str = "condition") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def scalar(engine: Engine, sql: str, **params: Any) -> Any:
+    with engine.connect() as conn:
+        return conn.execute(text(sql), params).scalar()
+
+
+def side_effects(engine: Engine, operation_id: str) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT s.* FROM downstream.side_effects s"
+                " JOIN callgate.operations o ON o.idempotency_key = s.idempotency_key"
+                " WHERE o.operation_id = :op ORDER BY s.id"
+            ),
+            {"op": operation_id},
+        ).mappings()
+        return [dict(r) for r in rows]
+
+
+def trace_events(engine: Engine, call_ref: str, event: str | None = None) -> list[dict[str, Any]]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT event, generation, detail FROM callgate.trace_events"
+                " WHERE call_ref = :r AND (CAST(:e AS text) IS NULL OR event = :e) ORDER BY id"
+            ),
+            {"r": call_ref, "e": event},
+        ).mappings()
+        return [dict(r) for r in rows]

@@ -1,0 +1,99 @@
+"""Shared fixtures. Service fixtures fail loudly: a test that needs Postgres or Redis never
+silently skips.
+
+- ``CALLGATE_TEST_ADMIN_URL`` (default ``postgresql://postgres@127.0.0.1:5432/test``): a
+  database from which each test session creates (and drops) its own fresh databases.
+- ``CALLGATE_TEST_REDIS_URL`` (default ``redis://127.0.0.1:6379/0``); every test gets its
+  own queue name, so its keys never meet another test's.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Callable, Iterator
+
+import psycopg
+import pytest
+import redis
+from sqlalchemy import Engine
+
+from store import db, migrate
+from worker.demo import downstream
+
+ADMIN_URL = os.environ.get("CALLGATE_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/test")
+REDIS_URL = os.environ.get("CALLGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def _database_url(name: str) -> str:
+    base = ADMIN_URL.rsplit("/", 1)[0]
+    return f"{base}/{name}"
+
+
+@pytest.fixture(scope="session")
+def make_database() -> Iterator[Callable[[], str]]:
+    """Create empty databases on demand; all are dropped at the end of the session."""
+    created: list[str] = []
+
+    def make() -> str:
+        name = f"callgate_test_{uuid.uuid4().hex[:12]}"
+        try:
+            with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
+                conn.execute(f'CREATE DATABASE "{name}"')
+        except psycopg.OperationalError as exc:
+            pytest.fail(f"PostgreSQL at {ADMIN_URL} is required for this test: {exc}")
+        created.append(name)
+        return _database_url(name)
+
+    yield make
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        for name in created:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session")
+def database_url(make_database: Callable[[], str]) -> str:
+    """One migrated database with the demo downstream, shared by a test session."""
+    url = make_database()
+    engine = db.create(url)
+    migrate.upgrade(engine)
+    downstream.install(engine)
+    engine.dispose()
+    return url
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    eng = db.create(database_url, pool_size=4)
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def fresh_payments(engine: Engine) -> None:
+    """Reset the demo downstream to its seed (for tests that count its rows)."""
+    downstream.install(engine, reset=True)
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    try:
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=5).ping()
+    except redis.exceptions.ConnectionError as exc:
+        pytest.fail(f"Redis at {REDIS_URL} is required for this test: {exc}")
+    return REDIS_URL
+
+
+@pytest.fixture
+def queue_name() -> str:
+    return f"t-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def service_env(database_url: str, redis_url: str, queue_name: str) -> dict[str, str]:
+    """Environment for callgate processes of one test."""
+    return {
+        "CALLGATE_DATABASE_URL": database_url,
+        "CALLGATE_REDIS_URL": redis_url,
+        "CALLGATE_QUEUE": queue_name,
+    }
