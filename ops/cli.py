@@ -6,6 +6,7 @@ Every option has a ``CALLGATE_…`` environment variable. Expected errors print 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -20,7 +21,8 @@ from typing import Any, TextIO
 
 import click
 
-from store import db, migrate as migrations
+from store import db
+from store import migrate as migrations
 from store.errors import CallgateError, ErrorCode, InputError
 from store.settings import Settings
 
@@ -80,7 +82,9 @@ def _migrate(settings: Settings, *, demo_downstream: bool, reset_demo: bool) -> 
                 from worker.demo import downstream
 
                 downstream.install(
-                    db.create(settings.downstream_url()) if settings.downstream_database_url else engine,
+                    db.create(settings.downstream_url())
+                    if settings.downstream_database_url
+                    else engine,
                     reset=reset_demo,
                 )
     finally:
@@ -140,8 +144,21 @@ def sweeper_cmd() -> None:
 
 
 @cli.command("up")
-@click.option("--workers", default=2, show_default=True, envvar="CALLGATE_WORKERS", help="Worker processes (env CALLGATE_WORKERS).")
-@click.option("--data-dir", type=click.Path(path_type=Path), envvar="CALLGATE_DATA_DIR", default=Path(".callgate"), show_default=True, help="Where embedded services keep their data (env CALLGATE_DATA_DIR).")
+@click.option(
+    "--workers",
+    default=2,
+    show_default=True,
+    envvar="CALLGATE_WORKERS",
+    help="Worker processes (env CALLGATE_WORKERS).",
+)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    envvar="CALLGATE_DATA_DIR",
+    default=Path(".callgate"),
+    show_default=True,
+    help="Where embedded services keep their data (env CALLGATE_DATA_DIR).",
+)
 def up_cmd(workers: int, data_dir: Path) -> None:
     """Run migrations, workers, relayer and sweeper in the foreground until Ctrl-C."""
     from ops.stack import Stack
@@ -159,15 +176,22 @@ def up_cmd(workers: int, data_dir: Path) -> None:
 
 @cli.command("demo")
 @click.option("--workers", default=3, show_default=True, help="Worker processes.")
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="Keep embedded data here (default: a temporary folder).")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Keep embedded data here (default: a temporary folder).",
+)
 def demo_cmd(workers: int, data_dir: Path | None) -> None:
     """Run the seed's worked examples end to end and check their invariants."""
     from ops import demo
 
-    with tempfile.TemporaryDirectory(prefix="callgate-demo-") as tmp:
-        with _services(_settings(), data_dir or Path(tmp)) as settings:
-            _migrate(settings, demo_downstream=True, reset_demo=True)
-            ok = demo.run(settings, workers=workers, out=sys.stdout)
+    with (
+        tempfile.TemporaryDirectory(prefix="callgate-demo-") as tmp,
+        _services(_settings(), data_dir or Path(tmp)) as settings,
+    ):
+        _migrate(settings, demo_downstream=True, reset_demo=True)
+        ok = demo.run(settings, workers=workers, out=sys.stdout)
     sys.exit(0 if ok else 1)
 
 
@@ -181,7 +205,9 @@ def _services(settings: Settings, data_dir: Path) -> Iterator[Settings]:
 
     need_db, need_redis = not settings.database_url, not settings.redis_url
     with embedded.services(data_dir.resolve(), need_db=need_db, need_redis=need_redis) as (d, r):
-        yield settings.with_services(d or settings.require_database(), r or settings.require_redis())
+        yield settings.with_services(
+            d or settings.require_database(), r or settings.require_redis()
+        )
 
 
 def _service_env(settings: Settings) -> dict[str, str]:
@@ -196,7 +222,13 @@ def _service_env(settings: Settings) -> dict[str, str]:
 
 
 @cli.command("submit")
-@click.option("--context", "context_file", required=True, type=click.File("r"), help="JSON file: {request_id, tenant_id, user_id, roles}.")
+@click.option(
+    "--context",
+    "context_file",
+    required=True,
+    type=click.File("r"),
+    help="JSON file: {request_id, tenant_id, user_id, roles}.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("proposals_file", type=click.File("r"), default="-")
 def submit_cmd(context_file: TextIO, as_json: bool, proposals_file: TextIO) -> None:
@@ -214,23 +246,22 @@ def submit_cmd(context_file: TextIO, as_json: bool, proposals_file: TextIO) -> N
         turn = producer.submit(proposals, context)
     finally:
         producer.close()
-    doc = {
-        "turn_id": turn.turn_id,
-        "calls": [
-            {"call_id": c.call_id, "tool_name": c.tool_name, "operation_id": c.operation_id}
-            for c in turn.calls
-        ],
-    }
+    calls = [
+        {"call_id": c.call_id, "tool_name": c.tool_name, "operation_id": c.operation_id}
+        for c in turn.calls
+    ]
     if as_json:
-        click.echo(json.dumps(doc))
+        click.echo(json.dumps({"turn_id": turn.turn_id, "calls": calls}))
         return
     click.echo(f"turn {turn.turn_id}")
-    _table(["call_id", "tool_name", "operation_id"], doc["calls"])
+    _table(["call_id", "tool_name", "operation_id"], calls)
 
 
 @cli.command("collect")
 @click.argument("turn_id")
-@click.option("--timeout", default=10.0, show_default=True, help="Seconds to wait for the last result.")
+@click.option(
+    "--timeout", default=10.0, show_default=True, help="Seconds to wait for the last result."
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def collect_cmd(turn_id: str, timeout: float, as_json: bool) -> None:
     """Wait for a turn's results, joined by call id; name the calls still pending."""
@@ -255,7 +286,10 @@ def collect_cmd(turn_id: str, timeout: float, as_json: bool) -> None:
         }
         for r in doc["results"]
     ]
-    rows += [{"call_id": c, "tool_name": "", "status": "pending", "data | error": ""} for c in doc["pending"]]
+    rows += [
+        {"call_id": c, "tool_name": "", "status": "pending", "data | error": ""}
+        for c in doc["pending"]
+    ]
     _table(["call_id", "tool_name", "status", "data | error"], rows)
 
 
@@ -287,7 +321,9 @@ def _read_json(stream: TextIO, what: str) -> Any:
         return json.load(stream)
     except json.JSONDecodeError as exc:
         name = getattr(stream, "name", what)
-        raise InputError(f"{what} file {name} is not valid JSON (line {exc.lineno}: {exc.msg})") from None
+        raise InputError(
+            f"{what} file {name} is not valid JSON (line {exc.lineno}: {exc.msg})"
+        ) from None
     except UnicodeDecodeError:
         raise InputError(f"{what} file is not UTF-8 text") from None
 
@@ -302,10 +338,8 @@ def _table(columns: list[str], rows: list[dict[str, Any]]) -> None:
 
 @contextmanager
 def _quiet_interrupt() -> Iterator[None]:
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         yield
-    except KeyboardInterrupt:
-        pass
 
 
 @contextmanager
@@ -347,7 +381,10 @@ def _translate(exc: Exception) -> CallgateError | None:
     from sqlalchemy.exc import OperationalError
 
     if isinstance(exc, OperationalError | psycopg.OperationalError):
-        return CallgateError(f"cannot reach PostgreSQL: {str(exc).splitlines()[0]}", code=ErrorCode.DATABASE_UNAVAILABLE)
+        return CallgateError(
+            f"cannot reach PostgreSQL: {str(exc).splitlines()[0]}",
+            code=ErrorCode.DATABASE_UNAVAILABLE,
+        )
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return CallgateError(f"cannot reach Redis: {exc}", code=ErrorCode.REDIS_UNAVAILABLE)
     return None

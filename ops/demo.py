@@ -22,7 +22,12 @@ from store import db, trace, transport
 from store.settings import Settings
 
 READ_DELAYS = "get_weather=120,get_stock=280,get_news=200"
-SUPPORT_A = {"request_id": "req-8", "tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
+SUPPORT_A = {
+    "request_id": "req-8",
+    "tenant_id": "tenant-a",
+    "user_id": "user-17",
+    "roles": ["support"],
+}
 
 
 @dataclass
@@ -69,7 +74,11 @@ def run(settings: Settings, *, workers: int, out: TextIO) -> bool:
 def _parallel_reads(producer: Producer, report: Report) -> str:
     report.out.write("1. three independent reads: 120 / 280 / 200 ms\n")
     proposals = [
-        {"call_id": "call-weather", "tool_name": "get_weather", "arguments": {"city": "Seoul", "unit": "celsius"}},
+        {
+            "call_id": "call-weather",
+            "tool_name": "get_weather",
+            "arguments": {"city": "Seoul", "unit": "celsius"},
+        },
         {"call_id": "call-stock", "tool_name": "get_stock", "arguments": {"symbol": "NVDA"}},
         {"call_id": "call-news", "tool_name": "get_news", "arguments": {"topic": "tech"}},
     ]
@@ -78,17 +87,33 @@ def _parallel_reads(producer: Producer, report: Report) -> str:
     collected = producer.collect(turn.turn_id, timeout=10)
     elapsed = time.monotonic() - started
     ids = [r.call_id for r in collected.results]
-    report.check("every proposed call has one terminal result", collected.complete and ids == [p["call_id"] for p in proposals], f"{ids}")
+    report.check(
+        "every proposed call has one terminal result",
+        collected.complete and ids == [p["call_id"] for p in proposals],
+        f"{ids}",
+    )
     order = _completion_order(producer.engine, turn.turn_id)
-    report.check("joined by id although they finished out of order", order != ids and sorted(order) == sorted(ids), f"finished {order}")
-    report.check("ran concurrently: end to end well under 600 ms", elapsed < 0.6, f"{elapsed * 1000:.0f} ms")
+    report.check(
+        "joined by id although they finished out of order",
+        order != ids and sorted(order) == sorted(ids),
+        f"finished {order}",
+    )
+    report.check(
+        "ran concurrently: end to end well under 600 ms", elapsed < 0.6, f"{elapsed * 1000:.0f} ms"
+    )
     return turn.turn_id
 
 
 def _refund(producer: Producer, report: Report) -> dict[str, Any]:
     report.out.write("\n2. refund 12,000 KRW of order O-17 (user-17, tenant-a)\n")
     turn = producer.submit(
-        [{"call_id": "call-refund-3", "tool_name": "refund_payment", "arguments": {"order_id": "O-17", "amount": 12000, "currency": "KRW"}}],
+        [
+            {
+                "call_id": "call-refund-3",
+                "tool_name": "refund_payment",
+                "arguments": {"order_id": "O-17", "amount": 12000, "currency": "KRW"},
+            }
+        ],
         SUPPORT_A,
     )
     result = producer.collect(turn.turn_id, timeout=10).results
@@ -97,7 +122,11 @@ def _refund(producer: Producer, report: Report) -> dict[str, Any]:
     data = result[0].model_dump().get("data", {}) if result else {}
     report.check("the refund succeeded", ok, json.dumps(data))
     effects = _side_effects(producer.engine, call.operation_id, "refund_payment")
-    report.check("exactly one side effect downstream", effects == 1, f"{effects} row(s) in downstream.side_effects")
+    report.check(
+        "exactly one side effect downstream",
+        effects == 1,
+        f"{effects} row(s) in downstream.side_effects",
+    )
     return {"turn_id": turn.turn_id, "call": call, "data": data}
 
 
@@ -105,9 +134,17 @@ def _refund_again(producer: Producer, report: Report, first: dict[str, Any]) -> 
     call = first["call"]
     report.out.write("\n3. the same refund delivered twice\n")
     transport.enqueue_calls(producer.queue, [uuid.UUID(call.ref)] * 2, timeout=60)
-    report.out.write("   enqueued the finished call's job twice more; new turn reuses its operation id\n")
+    report.out.write(
+        "   enqueued the finished call's job twice more; new turn reuses its operation id\n"
+    )
     turn = producer.submit(
-        [{"call_id": "call-refund-3-retry", "tool_name": "refund_payment", "arguments": {"order_id": "O-17", "amount": 12000, "currency": "KRW"}}],
+        [
+            {
+                "call_id": "call-refund-3-retry",
+                "tool_name": "refund_payment",
+                "arguments": {"order_id": "O-17", "amount": 12000, "currency": "KRW"},
+            }
+        ],
         {**SUPPORT_A, "request_id": "req-9"},
         operation_ids={"call-refund-3-retry": call.operation_id},
     )
@@ -115,43 +152,73 @@ def _refund_again(producer: Producer, report: Report, first: dict[str, Any]) -> 
     data = again[0].model_dump().get("data", {}) if again else {}
     report.check(
         "the redelivery reuses the first result",
-        bool(again) and again[0].status == "succeeded" and data.get("refund_id") == first["data"].get("refund_id"),
+        bool(again)
+        and again[0].status == "succeeded"
+        and data.get("refund_id") == first["data"].get("refund_id"),
         f"refund_id {data.get('refund_id')}",
     )
     _wait_for_trace(producer.engine, call.ref, "duplicate_delivery", 2)
     effects = _side_effects(producer.engine, call.operation_id, "refund_payment")
     report.check("still exactly one side effect downstream", effects == 1, f"{effects} row(s)")
     results = _outbox_rows(producer.engine, call.ref)
-    report.check("the first call still has exactly one terminal result", results == 1, f"{results} outbox row(s)")
+    report.check(
+        "the first call still has exactly one terminal result",
+        results == 1,
+        f"{results} outbox row(s)",
+    )
     return turn.turn_id
 
 
 def _key(engine: Engine, operation_id: str) -> str:
     with engine.connect() as conn:
-        return str(conn.execute(text("SELECT idempotency_key FROM callgate.operations WHERE operation_id = :op"), {"op": operation_id}).scalar_one())
+        return str(
+            conn.execute(
+                text("SELECT idempotency_key FROM callgate.operations WHERE operation_id = :op"),
+                {"op": operation_id},
+            ).scalar_one()
+        )
 
 
 def _side_effects(engine: Engine, operation_id: str, tool: str) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM downstream.side_effects WHERE idempotency_key = :k"), {"k": _key(engine, operation_id)}).scalar_one())
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM downstream.side_effects WHERE idempotency_key = :k"),
+                {"k": _key(engine, operation_id)},
+            ).scalar_one()
+        )
 
 
 def _outbox_rows(engine: Engine, call_ref: str) -> int:
     with engine.connect() as conn:
-        return int(conn.execute(text("SELECT count(*) FROM callgate.outbox WHERE call_ref = :r"), {"r": call_ref}).scalar_one())
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM callgate.outbox WHERE call_ref = :r"), {"r": call_ref}
+            ).scalar_one()
+        )
 
 
 def _completion_order(engine: Engine, turn_id: str) -> list[str]:
     with engine.connect() as conn:
-        rows = conn.execute(text("SELECT call_id FROM callgate.calls WHERE turn_id = :t ORDER BY completed_at"), {"t": turn_id})
+        rows = conn.execute(
+            text("SELECT call_id FROM callgate.calls WHERE turn_id = :t ORDER BY completed_at"),
+            {"t": turn_id},
+        )
         return [r.call_id for r in rows]
 
 
-def _wait_for_trace(engine: Engine, call_ref: str, event: str, count: int, timeout: float = 10) -> None:
+def _wait_for_trace(
+    engine: Engine, call_ref: str, event: str, count: int, timeout: float = 10
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         with engine.connect() as conn:
-            n = conn.execute(text("SELECT count(*) FROM callgate.trace_events WHERE call_ref = :r AND event = :e"), {"r": call_ref, "e": event}).scalar_one()
+            n = conn.execute(
+                text(
+                    "SELECT count(*) FROM callgate.trace_events WHERE call_ref = :r AND event = :e"
+                ),
+                {"r": call_ref, "e": event},
+            ).scalar_one()
         if n >= count:
             return
         time.sleep(0.05)
@@ -163,7 +230,8 @@ def _print_trace(engine: Engine, turn_id: str, out: TextIO) -> None:
     for e in trace.events(engine, turn_id):
         detail = {k: v for k, v in e["detail"].items() if k != "intent_hash" and v is not None}
         gen = "" if e["generation"] is None else str(e["generation"])
-        out.write(f"  {e['call_id'] or '':<22}{e['tool_name'] or '':<16}{e['event']:<22}{gen:<5}{json.dumps(detail)}\n")
+        who = f"{e['call_id'] or '':<22}{e['tool_name'] or '':<16}"
+        out.write(f"  {who}{e['event']:<22}{gen:<5}{json.dumps(detail)}\n")
 
 
-__all__ = ["run", "db"]
+__all__ = ["db", "run"]

@@ -19,7 +19,9 @@ log = logging.getLogger("callgate.embedded")
 
 
 @contextmanager
-def services(data_dir: Path, *, need_db: bool = True, need_redis: bool = True) -> Iterator[tuple[str | None, str | None]]:
+def services(
+    data_dir: Path, *, need_db: bool = True, need_redis: bool = True
+) -> Iterator[tuple[str | None, str | None]]:
     """Yield ``(database_url, redis_url)`` for the services started here (None: not needed)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     with ExitStack() as stack:
@@ -34,7 +36,9 @@ def _postgres(data_dir: Path, stack: ExitStack) -> str:
             warnings.simplefilter("ignore")
             import pgserver
 
-            server: Any = pgserver.get_server(data_dir / "postgres", cleanup_mode="stop")
+            server: Any = pgserver.get_server(  # type: ignore[attr-defined]
+                data_dir / "postgres", cleanup_mode="stop"
+            )
     except Exception as exc:
         raise CallgateError(
             f"could not start the embedded PostgreSQL in {data_dir}: {exc}",

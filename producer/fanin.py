@@ -28,11 +28,18 @@ class FanIn:
     def __post_init__(self) -> None:
         self._tools = dict(self.proposals)
         if len(self._tools) != len(self.proposals):
-            raise CorrelationError("proposal set has a repeated call id", code=ErrorCode.DUPLICATE_RESULT)
+            raise CorrelationError(
+                "proposal set has a repeated call id", code=ErrorCode.INVALID_INPUT
+            )
 
     def add(self, raw: dict[str, Any]) -> bool:
         """Take one result. Returns False for an identical duplicate."""
-        call_id = raw.get("call_id")
+        if not isinstance(raw, dict) or not isinstance(raw.get("call_id"), str):
+            raise CorrelationError(
+                "a result is not an object with a string call_id",
+                code=ErrorCode.NON_TERMINAL_RESULT,
+            )
+        call_id = raw["call_id"]
         if call_id not in self._tools:
             raise CorrelationError(
                 f"result for call {call_id!r}, which was not proposed",
@@ -84,7 +91,9 @@ class FanIn:
         return [self.results[c] for c, _ in self.proposals if c in self.results]
 
 
-def correlate(proposals: Sequence[tuple[str, str]], results: Iterable[dict[str, Any]]) -> list[Result]:
+def correlate(
+    proposals: Sequence[tuple[str, str]], results: Iterable[dict[str, Any]]
+) -> list[Result]:
     """Exactly one terminal result per proposal, in proposal order, or a CorrelationError."""
     fan = FanIn(proposals)
     fan.add_all(results)

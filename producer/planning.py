@@ -33,6 +33,8 @@ def plan(
                 code=ErrorCode.INVALID_INPUT,
             )
         seen.add(p.call_id)
+    if any(not op for op in operation_ids.values()):
+        raise InputError("an operation id must not be empty")
     unknown = set(operation_ids) - seen
     if unknown:
         raise InputError(f"operation ids given for calls not in the turn: {sorted(unknown)}")

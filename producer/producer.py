@@ -87,8 +87,13 @@ class Producer:
         Reads are enqueued at once; of the writes only the first, the rest follow in order.
         """
         try:
-            calls = [p if isinstance(p, ProposedCall) else ProposedCall.model_validate(p) for p in proposals]
-            ctx = context if isinstance(context, CallContext) else CallContext.model_validate(context)
+            calls = [
+                p if isinstance(p, ProposedCall) else ProposedCall.model_validate(p)
+                for p in proposals
+            ]
+            ctx = (
+                context if isinstance(context, CallContext) else CallContext.model_validate(context)
+            )
         except ValidationError as exc:
             raise InputError(f"bad proposal or context: {_first_error(exc)}") from None
         planned = plan(calls, ctx, self.registry, operation_ids)
@@ -130,10 +135,10 @@ class Producer:
                 break
             block_ms = max(1, int(min(remaining, POSTGRES_RECHECK_SECONDS) * 1000))
             with transport.translate_errors("collect"):
-                reply = self.redis.xread({stream: last_id}, block=block_ms, count=500)
+                reply: Any = self.redis.xread({stream: last_id}, block=block_ms, count=500)
             for _stream, entries in reply or []:
                 for entry_id, fields in entries:
-                    last_id = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+                    last_id = entry_id.decode()
                     fan.add(json.loads(fields[b"result"]))
             if not fan.complete and time.monotonic() >= next_recheck:
                 with db.translate_errors("collect"):

@@ -64,7 +64,9 @@ def drain_once(
     return len(rows)
 
 
-def drain(engine: Engine, connection: redis.Redis, *, queue: str, batch: int, mark_delay: float = 0.0) -> int:
+def drain(
+    engine: Engine, connection: redis.Redis, *, queue: str, batch: int, mark_delay: float = 0.0
+) -> int:
     total = 0
     while n := drain_once(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay):
         total += n

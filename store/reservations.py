@@ -93,7 +93,8 @@ COMPLETE_SQL = (
 WITH op AS (
     UPDATE callgate.operations
        SET state = :op_state,
-           result = CASE WHEN CAST(:op_state AS text) = 'pending' THEN NULL ELSE CAST(:body AS jsonb) END,
+           result = CASE WHEN CAST(:op_state AS text) = 'pending' THEN NULL
+                         ELSE CAST(:body AS jsonb) END,
            owner_token = NULL,
            lease_expires_at = NULL,
            completed_at = now()
@@ -267,9 +268,7 @@ def complete(engine: Engine, lease: Lease, *, status: str, payload: dict[str, An
     return Finished(row.finished, list(row.successors), won=bool(row.won))
 
 
-def reject(
-    engine: Engine, *, call_ref: uuid.UUID, status: str, error: dict[str, Any]
-) -> Finished:
+def reject(engine: Engine, *, call_ref: uuid.UUID, status: str, error: dict[str, Any]) -> Finished:
     """End one call that the gate refused. Nothing was reserved; nothing ran."""
     with engine.begin() as conn:
         row = conn.execute(

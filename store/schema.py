@@ -33,7 +33,6 @@ SCHEMA = "callgate"
 metadata = MetaData(schema=SCHEMA)
 
 
-
 turns = Table(
     "turns",
     metadata,
@@ -81,9 +80,7 @@ calls = Table(
     Column("tool_name", Text, nullable=False),
     Column("arguments", JSONB, nullable=False),
     Column("kind", Text, nullable=False),
-    Column(
-        "operation_id", Text, ForeignKey("callgate.operations.operation_id"), nullable=False
-    ),
+    Column("operation_id", Text, ForeignKey("callgate.operations.operation_id"), nullable=False),
     Column("after_call", Uuid, ForeignKey("callgate.calls.id")),
     Column("state", Text, nullable=False, server_default="proposed"),
     Column("result", JSONB),

@@ -5,6 +5,7 @@ Read once per process. A bad value is a ``ConfigurationError`` naming the variab
 
 from __future__ import annotations
 
+import math
 import os
 import re
 from dataclasses import dataclass, replace
@@ -23,6 +24,19 @@ def _float(env: dict[str, str], name: str, default: float, *, minimum: float) ->
         value = float(raw)
     except ValueError:
         raise ConfigurationError(f"{name}={raw!r} is not a number") from None
+    if not math.isfinite(value) or value < minimum:
+        raise ConfigurationError(f"{name}={raw!r} must be at least {minimum}")
+    return value
+
+
+def _int(env: dict[str, str], name: str, default: int, *, minimum: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigurationError(f"{name}={raw!r} is not a whole number") from None
     if value < minimum:
         raise ConfigurationError(f"{name}={raw!r} must be at least {minimum}")
     return value
@@ -57,7 +71,7 @@ class Settings:
             lease_seconds=lease,
             sweep_seconds=_float(env, "CALLGATE_SWEEP_SECONDS", 5.0, minimum=0.05),
             stale_seconds=_float(env, "CALLGATE_STALE_SECONDS", 60.0, minimum=0.1),
-            relayer_batch=int(_float(env, "CALLGATE_RELAYER_BATCH", 100, minimum=1)),
+            relayer_batch=_int(env, "CALLGATE_RELAYER_BATCH", 100, minimum=1),
             job_timeout_seconds=_float(env, "CALLGATE_JOB_TIMEOUT_SECONDS", 300.0, minimum=1),
         )
 

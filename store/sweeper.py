@@ -57,9 +57,7 @@ def sweep_once(
     with engine.begin() as conn:
         refs = [
             row.id
-            for row in conn.execute(
-                text(DUE_SQL), {"stale_seconds": stale_seconds, "batch": batch}
-            )
+            for row in conn.execute(text(DUE_SQL), {"stale_seconds": stale_seconds, "batch": batch})
         ]
     if refs:
         transport.enqueue_calls(queue, refs, timeout=job_timeout)

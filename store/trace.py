@@ -27,6 +27,4 @@ def events(engine: Engine, turn_or_call: str) -> list[dict[str, Any]]:
         rows = conn.execute(text(TRACE_SQL), {"id": ident}).mappings().all()
     if not rows:
         raise UnknownTurn(f"no trace for {turn_or_call}")
-    return [
-        {**dict(r), "at": r["at"].isoformat(timespec="milliseconds")} for r in rows
-    ]
+    return [{**dict(r), "at": r["at"].isoformat(timespec="milliseconds")} for r in rows]

@@ -33,9 +33,7 @@ class PlannedCall:
         return self.after is None
 
 
-def record(
-    engine: Engine, context: CallContext, planned: Sequence[PlannedCall]
-) -> uuid.UUID:
+def record(engine: Engine, context: CallContext, planned: Sequence[PlannedCall]) -> uuid.UUID:
     """Turn, operations and calls in one transaction: all of it is recorded, or none."""
     turn_id = uuid.uuid4()
     with engine.begin() as conn:

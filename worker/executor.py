@@ -64,9 +64,12 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
     try:
         tool, args = _gate(rt, call)
     except ToolError as err:
-        _finish(rt, reservations.reject(
-            rt.engine, call_ref=call.ref, status=_status(err), error=_error(err)
-        ))
+        _finish(
+            rt,
+            reservations.reject(
+                rt.engine, call_ref=call.ref, status=_status(err), error=_error(err)
+            ),
+        )
         return "rejected"
 
     key = idempotency_key(call.tenant_id, tool.name, call.operation_id)
@@ -94,13 +97,16 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
             _finish(rt, finished)
             return "reused" if finished.finished else "duplicate_delivery"
         if reserved.reason == "conflict":
-            err = ToolError(
+            conflict = ToolError(
                 "this operation id was registered with a different intent",
                 code=ErrorCode.IDEMPOTENCY_CONFLICT,
             )
-            _finish(rt, reservations.reject(
-                rt.engine, call_ref=call.ref, status="failed_terminal", error=_error(err)
-            ))
+            _finish(
+                rt,
+                reservations.reject(
+                    rt.engine, call_ref=call.ref, status="failed_terminal", error=_error(conflict)
+                ),
+            )
             return "conflict"
         # Another live owner runs it; its completion ends every open call of the operation.
         trace("duplicate_delivery", reason=reserved.reason, generation=reserved.generation)
@@ -136,7 +142,11 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
     _finish(rt, finished)
     log.info(
         "call %s %s gen=%d %s in %.0f ms",
-        call.call_id, tool.name, reserved.generation, status, (time.monotonic() - started) * 1000,
+        call.call_id,
+        tool.name,
+        reserved.generation,
+        status,
+        (time.monotonic() - started) * 1000,
     )
     return status
 
@@ -144,7 +154,7 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
 def _gate(rt: Runtime, call: calls.CallRecord) -> tuple[Tool, BaseModel]:
     tool = gate.check_allowed(rt.registry, call.tool_name, call.roles)
     raw = call.arguments
-    arguments = gate.parse_arguments(raw[RAW_ARGUMENTS] if RAW_ARGUMENTS in raw else raw)
+    arguments = gate.parse_arguments(raw.get(RAW_ARGUMENTS, raw))
     return tool, gate.validate_arguments(tool, arguments)
 
 
@@ -156,10 +166,12 @@ def _run_handler(
         stop=stop_after_attempt(HANDLER_ATTEMPTS),
         wait=wait_exponential(multiplier=0.1, max=2),
         retry=retry_if_exception(
-            lambda e: isinstance(e, ToolError)
-            and not isinstance(e, StaleFence)
-            and e.retryable
-            and not heartbeat.lost.is_set()
+            lambda e: (
+                isinstance(e, ToolError)
+                and not isinstance(e, StaleFence)
+                and e.retryable
+                and not heartbeat.lost.is_set()
+            )
         ),
         reraise=True,
     )

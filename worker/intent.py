@@ -15,7 +15,8 @@ def canonical_json(value: Any) -> str:
 
 def idempotency_key(tenant_id: str, tool_name: str, operation_id: str) -> str:
     """``hash(tenant : tool : operation_id)``: server-owned, never a provider call id."""
-    raw = f"{tenant_id}:{tool_name}:{operation_id}".encode()
+    # Encoded as a JSON list, not joined with ':', so no part can shift another's boundary.
+    raw = canonical_json([tenant_id, tool_name, operation_id]).encode()
     return hashlib.sha256(raw).hexdigest()
 
 

@@ -13,7 +13,12 @@ from ops.stack import Stack, wait_for_workers
 from producer import Producer
 from store.settings import Settings
 
-SUPPORT_A = {"request_id": "req-t", "tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
+SUPPORT_A = {
+    "request_id": "req-t",
+    "tenant_id": "tenant-a",
+    "user_id": "user-17",
+    "roles": ["support"],
+}
 REFUND_O17 = {"order_id": "O-17", "amount": 12000, "currency": "KRW"}
 
 
@@ -34,7 +39,9 @@ def stack(service_env: dict[str, str]) -> Iterator[Callable[..., Stack]]:
         s.__enter__()
         started.append(s)
         if workers:
-            wait_for_workers(service_env["CALLGATE_REDIS_URL"], service_env["CALLGATE_QUEUE"], workers)
+            wait_for_workers(
+                service_env["CALLGATE_REDIS_URL"], service_env["CALLGATE_QUEUE"], workers
+            )
         return s
 
     yield start

@@ -49,14 +49,20 @@ def _refund_ids(engine: Engine) -> list[str]:
 def test_a_parallel_reads_join_by_id_and_finish_near_the_slowest(producer, stack, engine):
     stack(workers=3, CALLGATE_DEMO_DELAY_MS="get_weather=120,get_stock=280,get_news=200")
     proposals = [
-        {"call_id": "call-A", "tool_name": "get_weather", "arguments": {"city": "Seoul", "unit": "celsius"}},
+        {
+            "call_id": "call-A",
+            "tool_name": "get_weather",
+            "arguments": {"city": "Seoul", "unit": "celsius"},
+        },
         {"call_id": "call-B", "tool_name": "get_stock", "arguments": {"symbol": "NVDA"}},
         {"call_id": "call-C", "tool_name": "get_news", "arguments": {"topic": "tech"}},
     ]
     timings = []
     for attempt in range(3):
         started = time.monotonic()
-        turn = producer.submit([{**p, "call_id": f"{p['call_id']}-{attempt}"} for p in proposals], SUPPORT_A)
+        turn = producer.submit(
+            [{**p, "call_id": f"{p['call_id']}-{attempt}"} for p in proposals], SUPPORT_A
+        )
         collected = producer.collect(turn.turn_id, timeout=10)
         timings.append(time.monotonic() - started)
 
@@ -72,7 +78,10 @@ def test_a_parallel_reads_join_by_id_and_finish_near_the_slowest(producer, stack
             finished = [
                 r[0]
                 for r in conn.execute(
-                    text("SELECT call_id FROM callgate.calls WHERE turn_id = :t ORDER BY completed_at"),
+                    text(
+                        "SELECT call_id FROM callgate.calls"
+                        " WHERE turn_id = :t ORDER BY completed_at"
+                    ),
                     {"t": turn.turn_id},
                 )
             ]
@@ -82,7 +91,9 @@ def test_a_parallel_reads_join_by_id_and_finish_near_the_slowest(producer, stack
     assert min(timings) < 0.6, timings
 
 
-def test_b_one_write_enqueued_three_times_raced_by_four_workers(producer, stack, engine, fresh_payments):
+def test_b_one_write_enqueued_three_times_raced_by_four_workers(
+    producer, stack, engine, fresh_payments
+):
     turn_id, ref, op = _refund(producer)  # enqueued once by submit
     transport.enqueue_calls(producer.queue, [uuid.UUID(ref)] * 2, timeout=60)  # and twice more
     assert producer.queue.count == 3
@@ -90,16 +101,22 @@ def test_b_one_write_enqueued_three_times_raced_by_four_workers(producer, stack,
 
     collected = producer.collect(turn_id, timeout=15)
     assert collected.complete and [r.status for r in collected.results] == ["succeeded"]
-    wait_until(lambda: len(trace_events(engine, ref, "duplicate_delivery")) == 2, what="2 duplicates")
+    wait_until(
+        lambda: len(trace_events(engine, ref, "duplicate_delivery")) == 2, what="2 duplicates"
+    )
     effects = side_effects(engine, op)
     assert len(effects) == 1
     assert len(_refund_ids(engine)) == 1
     assert scalar(engine, "SELECT count(*) FROM callgate.outbox WHERE call_ref = :r", r=ref) == 1
     assert len(trace_events(engine, ref, "reserved")) == 1
-    assert scalar(engine, "SELECT refunded FROM downstream.payments WHERE order_id = 'O-17'") == 12000
+    assert (
+        scalar(engine, "SELECT refunded FROM downstream.payments WHERE order_id = 'O-17'") == 12000
+    )
 
 
-def test_c_worker_killed_in_the_crash_gap_still_succeeds_once(producer, stack, engine, fresh_payments):
+def test_c_worker_killed_in_the_crash_gap_still_succeeds_once(
+    producer, stack, engine, fresh_payments
+):
     s = stack(workers=1, CALLGATE_DEMO_DELAY_MS="refund_payment=0:2000", **FAST_RECOVERY)
     turn_id, ref, op = _refund(producer)
     # The downstream applied the refund; the worker now sleeps before completing.
@@ -141,7 +158,9 @@ def test_d_stale_worker_is_fenced_off(producer, stack, engine, fresh_payments, s
 
     s.signal("worker-1", signal.SIGCONT)  # A wakes up with generation 1
     if stall == "before_write":
-        wait_until(lambda: trace_events(engine, ref, "stale_fence_rejected"), what="fence rejection")
+        wait_until(
+            lambda: trace_events(engine, ref, "stale_fence_rejected"), what="fence rejection"
+        )
         rejected = scalar(
             engine,
             "SELECT count(*) FROM downstream.rejections WHERE reason = 'stale_fence'"
@@ -150,13 +169,17 @@ def test_d_stale_worker_is_fenced_off(producer, stack, engine, fresh_payments, s
         assert rejected == 1
         assert [e["fencing_token"] for e in side_effects(engine, op)] == [2]
     else:
-        wait_until(lambda: trace_events(engine, ref, "stale_completion_rejected"), what="CAS rejection")
+        wait_until(
+            lambda: trace_events(engine, ref, "stale_completion_rejected"), what="CAS rejection"
+        )
         assert [e["fencing_token"] for e in side_effects(engine, op)] == [1]
     assert len(side_effects(engine, op)) == 1
     assert scalar(engine, "SELECT result::text FROM callgate.calls WHERE id = :r", r=ref) == before
     assert scalar(engine, "SELECT count(*) FROM callgate.outbox WHERE call_ref = :r", r=ref) == 1
     assert len(trace_events(engine, ref, "completed")) == 1
-    assert scalar(engine, "SELECT refunded FROM downstream.payments WHERE order_id = 'O-17'") == 12000
+    assert (
+        scalar(engine, "SELECT refunded FROM downstream.payments WHERE order_id = 'O-17'") == 12000
+    )
 
 
 def test_e_relayer_killed_between_publish_and_mark(producer, stack, engine):
@@ -175,19 +198,37 @@ def test_e_relayer_killed_between_publish_and_mark(producer, stack, engine):
     s.procs["relayer-slow"] = slow
     turn = producer.submit(
         [
-            {"call_id": "r1", "tool_name": "get_weather", "arguments": {"city": "Oslo", "unit": "celsius"}},
+            {
+                "call_id": "r1",
+                "tool_name": "get_weather",
+                "arguments": {"city": "Oslo", "unit": "celsius"},
+            },
             {"call_id": "r2", "tool_name": "get_news", "arguments": {"topic": "rq"}},
         ],
         SUPPORT_A,
     )
     stream = transport.results_stream(producer.settings.queue, turn.turn_id)
     wait_until(lambda: producer.redis.xlen(stream) == 2, what="first publish")
-    assert scalar(engine, "SELECT count(*) FROM callgate.outbox WHERE turn_id = :t AND published_at IS NULL", t=turn.turn_id) == 2
+    assert (
+        scalar(
+            engine,
+            "SELECT count(*) FROM callgate.outbox WHERE turn_id = :t AND published_at IS NULL",
+            t=turn.turn_id,
+        )
+        == 2
+    )
     slow.send_signal(signal.SIGKILL)  # published, not yet marked
     slow.wait()
     s.start("relayer-2", ["relayer"])
     wait_until(
-        lambda: scalar(engine, "SELECT count(*) FROM callgate.outbox WHERE turn_id = :t AND published_at IS NULL", t=turn.turn_id) == 0,
+        lambda: (
+            scalar(
+                engine,
+                "SELECT count(*) FROM callgate.outbox WHERE turn_id = :t AND published_at IS NULL",
+                t=turn.turn_id,
+            )
+            == 0
+        ),
         what="republish and mark",
     )
     entries = producer.redis.xrange(stream)

@@ -169,3 +169,15 @@ def test_failed_result_carrying_data_is_not_accepted_as_success() -> None:
     with pytest.raises(CorrelationError):
         fan.add(raw)
     assert "call-2" not in fan.results
+
+
+def test_repeated_call_id_in_the_proposals_is_bad_input() -> None:
+    with pytest.raises(CorrelationError) as info:
+        FanIn([("call-1", "get_weather"), ("call-1", "get_weather")])
+    assert info.value.code == ErrorCode.INVALID_INPUT
+
+
+@pytest.mark.parametrize("raw", [["call-1"], "call-1", {"call_id": ["x"]}, None])
+def test_result_that_is_not_an_object_is_rejected(raw: object) -> None:
+    with pytest.raises(CorrelationError):
+        FanIn(PROPOSALS).add(raw)  # type: ignore[arg-type]

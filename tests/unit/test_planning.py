@@ -138,3 +138,15 @@ def test_operation_ids_for_unknown_calls_are_rejected(registry: Registry) -> Non
         plan(mixed_turn(), CONTEXT, registry, {"c2": "op-1", "c99": "op-2"})
     assert info.value.code == ErrorCode.INVALID_INPUT
     assert "c99" in info.value.message
+
+
+def test_empty_operation_id_is_bad_input() -> None:
+    from producer.planning import plan
+    from store.errors import InputError
+    from store.types import CallContext, ProposedCall
+    from worker.demo.tools import demo_registry
+
+    ctx = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
+    call = ProposedCall(call_id="c1", tool_name="send_email", arguments={})
+    with pytest.raises(InputError):
+        plan([call], ctx, demo_registry(), {"c1": ""})

@@ -6,6 +6,8 @@ Format: ``tool=before[:after],tool=before`` in milliseconds, e.g.
 
 from __future__ import annotations
 
+import math
+
 from store.errors import ConfigurationError
 
 Delays = dict[str, tuple[float, float]]
@@ -27,7 +29,9 @@ def parse(spec: str | None) -> Delays:
             raise ConfigurationError(
                 f"CALLGATE_DEMO_DELAY_MS: {item!r} is not 'tool=before_ms[:after_ms]'"
             ) from None
-        if pair[0] < 0 or pair[1] < 0:
-            raise ConfigurationError(f"CALLGATE_DEMO_DELAY_MS: {item!r} has a negative delay")
+        if not all(math.isfinite(x) and x >= 0 for x in pair):
+            raise ConfigurationError(
+                f"CALLGATE_DEMO_DELAY_MS: {item!r} needs finite, non-negative delays"
+            )
         delays[tool.strip()] = pair
     return delays

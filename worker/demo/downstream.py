@@ -281,9 +281,7 @@ class Payments(Provider):
             return ToolError(
                 "currency differs from the payment's",
                 code=ErrorCode.INVALID_ARGUMENTS,
-                details=[
-                    {"path": "/currency", "code": "mismatch", "expected": payment.currency}
-                ],
+                details=[{"path": "/currency", "code": "mismatch", "expected": payment.currency}],
             )
         return ToolError(
             "amount exceeds the payment's remaining refundable amount",
@@ -302,7 +300,9 @@ class Mail(Provider):
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine, "mail")
 
-    def send(self, *, key: str, fence: int, tenant_id: str, to: str, template: str) -> dict[str, Any]:
+    def send(
+        self, *, key: str, fence: int, tenant_id: str, to: str, template: str
+    ) -> dict[str, Any]:
         request = {"tenant": tenant_id, "to": to, "template": template}
 
         def apply(conn: Connection) -> dict[str, Any]:

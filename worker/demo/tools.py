@@ -109,13 +109,23 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
         celsius = _stable_number(args.city.lower(), -5, 32)
         temp = celsius if args.unit == "celsius" else round(celsius * 9 / 5 + 32)
         svc.pause("get_weather", 1)
-        return {"city": args.city, "temperature": temp, "unit": args.unit, "observed_at": _observed()}
+        return {
+            "city": args.city,
+            "temperature": temp,
+            "unit": args.unit,
+            "observed_at": _observed(),
+        }
 
     def get_stock(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
         svc.pause("get_stock", 0)
         price = _stable_number(args.symbol, 1_000, 90_000) / 100
         svc.pause("get_stock", 1)
-        return {"symbol": args.symbol, "price": price, "currency": "USD", "observed_at": _observed()}
+        return {
+            "symbol": args.symbol,
+            "price": price,
+            "currency": "USD",
+            "observed_at": _observed(),
+        }
 
     def get_news(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
         svc.pause("get_news", 0)
