@@ -8,6 +8,8 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from store import db
+
 LOAD_SQL = """
 SELECT c.id, c.turn_id, c.call_id, c.tool_name, c.arguments, c.kind, c.state,
        c.operation_id, c.after_call,
@@ -39,7 +41,7 @@ class CallRecord:
 
 
 def load(engine: Engine, ref: uuid.UUID) -> CallRecord | None:
-    with engine.connect() as conn:
+    with db.autocommit(engine) as conn:
         row = conn.execute(text(LOAD_SQL), {"ref": ref}).mappings().first()
     if row is None:
         return None

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 import psycopg
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
 
@@ -35,7 +35,10 @@ def create(url: str, *, pool_size: int = 2, application_name: str = "callgate") 
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=4,
-        pool_pre_ping=True,
+        # No pre-ping: it would cost a round trip per checkout on the hot path. A connection
+        # broken by a Postgres restart fails its statement and is discarded; the job is
+        # re-run by the sweeper.
+        pool_recycle=600,
         connect_args={"application_name": application_name, "connect_timeout": 5},
     )
 
@@ -58,3 +61,14 @@ def translate_errors(what: str) -> Iterator[None]:
 def _first_line(exc: BaseException) -> str:
     text = str(getattr(exc, "orig", None) or exc)
     return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+@contextmanager
+def autocommit(engine: Engine) -> Iterator[Connection]:
+    """A connection for one self-contained statement: no BEGIN/COMMIT round trips.
+
+    Each guarantee statement (reserve, complete, reject, …) is atomic on its own; wrapping
+    it in an explicit transaction would only add two round trips.
+    """
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        yield conn

@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Connection, Engine, text
 
+from store import db
 from store.types import TERMINAL_STATES
 
 RESERVE_SQL = """
@@ -200,7 +201,7 @@ def reserve(
     intent_hash: str,
     lease_seconds: float,
 ) -> Reserved | NotReserved:
-    with engine.begin() as conn:
+    with db.autocommit(engine) as conn:
         row = conn.execute(
             text(RESERVE_SQL),
             {
@@ -236,7 +237,6 @@ def renew(conn: Connection, lease: Lease, lease_seconds: float) -> bool:
             "lease_seconds": lease_seconds,
         },
     ).first()
-    conn.commit()
     return row is not None
 
 
@@ -251,7 +251,7 @@ def complete(engine: Engine, lease: Lease, *, status: str, payload: dict[str, An
     assert status in TERMINAL_STATES
     # A retryable failure ends the call but leaves the operation open for a later retry.
     op_state = {"succeeded": "succeeded", "failed_terminal": "failed"}.get(status, "pending")
-    with engine.begin() as conn:
+    with db.autocommit(engine) as conn:
         row = conn.execute(
             text(COMPLETE_SQL),
             {
@@ -270,7 +270,7 @@ def complete(engine: Engine, lease: Lease, *, status: str, payload: dict[str, An
 
 def reject(engine: Engine, *, call_ref: uuid.UUID, status: str, error: dict[str, Any]) -> Finished:
     """End one call that the gate refused. Nothing was reserved; nothing ran."""
-    with engine.begin() as conn:
+    with db.autocommit(engine) as conn:
         row = conn.execute(
             text(REJECT_SQL),
             {
@@ -286,7 +286,7 @@ def reject(engine: Engine, *, call_ref: uuid.UUID, status: str, error: dict[str,
 
 def reuse(engine: Engine, *, call_ref: uuid.UUID, intent_hash: str) -> Finished:
     """End one call with the result its operation already committed (a redelivery)."""
-    with engine.begin() as conn:
+    with db.autocommit(engine) as conn:
         row = conn.execute(
             text(REUSE_SQL),
             {
@@ -310,7 +310,7 @@ def trace(
     detail: dict[str, Any] | None = None,
 ) -> None:
     """A counted event that changes no state (duplicate delivery, stale owner, …)."""
-    with engine.begin() as conn:
+    with db.autocommit(engine) as conn:
         conn.execute(
             text(TRACE_SQL),
             {

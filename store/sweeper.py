@@ -18,7 +18,7 @@ import uuid
 from rq import Queue
 from sqlalchemy import Engine, text
 
-from store import transport
+from store import db, transport
 
 log = logging.getLogger("callgate.sweeper")
 
@@ -54,7 +54,7 @@ def sweep_once(
     engine: Engine, queue: Queue, *, stale_seconds: float, job_timeout: float, batch: int = 100
 ) -> list[uuid.UUID]:
     """Mark due calls dispatched and enqueue them. A crash in between only delays them."""
-    with engine.begin() as conn:
+    with db.autocommit(engine) as conn:
         refs = [
             row.id
             for row in conn.execute(text(DUE_SQL), {"stale_seconds": stale_seconds, "batch": batch})

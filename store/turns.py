@@ -10,6 +10,7 @@ from typing import Any
 
 from sqlalchemy import Engine, insert, select, text
 
+from store import db
 from store.errors import UnknownTurn
 from store.schema import calls, operations, turns
 from store.types import CallContext, ProposedCall, Turn, TurnCall
@@ -126,7 +127,7 @@ def load_state(engine: Engine, turn_id: str) -> TurnState:
         tid = uuid.UUID(turn_id)
     except ValueError:
         raise UnknownTurn(f"{turn_id!r} is not a turn id (expected a UUID)") from None
-    with engine.connect() as conn:
+    with db.autocommit(engine) as conn:
         rows = conn.execute(
             select(calls.c.call_id, calls.c.tool_name, calls.c.result)
             .where(calls.c.turn_id == tid)

@@ -7,7 +7,7 @@ import threading
 
 from sqlalchemy import Engine
 
-from store import reservations
+from store import db, reservations
 
 log = logging.getLogger("callgate.worker")
 
@@ -39,7 +39,7 @@ class Heartbeat:
         interval = self.lease_seconds / 3
         while not self._stop.wait(interval):
             try:
-                with self.engine.connect() as conn:
+                with db.autocommit(self.engine) as conn:
                     if not reservations.renew(conn, self.lease, self.lease_seconds):
                         self.lost.set()
                         return

@@ -1,0 +1,113 @@
+"""Counts Postgres and Redis round trips per call, by phase (``python -m ops.roundtrips``).
+
+Runs producer, worker executor, relayer and fan-in in this one process against the services
+in ``CALLGATE_DATABASE_URL`` / ``CALLGATE_REDIS_URL``, so every statement and every Redis
+command can be counted. Postgres: statements plus explicit BEGIN/COMMIT/ROLLBACK; Redis:
+packed sends (a pipeline is one).
+"""
+
+from __future__ import annotations
+
+import argparse
+import uuid
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from redis.connection import Connection as RedisConnection
+from sqlalchemy import Engine, event
+
+from producer import Producer
+from store import db, migrate, relayer
+from store.settings import Settings
+from worker import executor, runtime
+from worker.demo import downstream
+
+COUNTS: Counter[str] = Counter()
+_phase = ["idle"]
+
+
+@contextmanager
+def phase(name: str) -> Iterator[None]:
+    _phase[0] = name
+    try:
+        yield
+    finally:
+        _phase[0] = "idle"
+
+
+def _count_postgres(engine: Engine) -> None:
+    def statement(*_: Any) -> None:
+        COUNTS[f"{_phase[0]}:pg"] += 1
+
+    def transaction_control(conn: Any) -> None:
+        # Autocommit connections send no BEGIN/COMMIT although SQLAlchemy fires the events.
+        if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
+            COUNTS[f"{_phase[0]}:pg"] += 1
+
+    event.listen(engine, "before_cursor_execute", statement)
+    for name in ("begin", "commit"):
+        event.listen(engine, name, transaction_control)
+
+
+def _count_redis() -> None:
+    original = RedisConnection.send_packed_command
+
+    def send(self: RedisConnection, command: Any, check_health: bool = True) -> None:
+        COUNTS[f"{_phase[0]}:redis"] += 1
+        original(self, command, check_health)
+
+    RedisConnection.send_packed_command = send  # type: ignore[method-assign]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--calls", type=int, default=20, help="read calls per turn")
+    args = parser.parse_args()
+    settings = Settings.from_env()
+    settings = Settings.from_env({**_env(settings), "CALLGATE_QUEUE": f"rt-{uuid.uuid4().hex[:8]}"})
+    engine = db.create(settings.require_database())
+    migrate.upgrade(engine)
+    downstream.install(engine)
+    producer = Producer.from_env(settings)
+    rt = runtime.Runtime.create(settings)
+    for e in (producer.engine, rt.engine):
+        _count_postgres(e)
+    _count_redis()
+    ctx = {"request_id": "rt", "tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
+    proposals = [
+        {
+            "call_id": f"c{i}",
+            "tool_name": "get_weather",
+            "arguments": {"city": f"C{i}", "unit": "celsius"},
+        }
+        for i in range(args.calls)
+    ]
+    with phase("submit"):
+        turn = producer.submit(proposals, ctx)
+    with phase("worker"):
+        for call in turn.calls:
+            executor.execute(rt, uuid.UUID(call.ref))
+    with phase("relayer"):
+        relayer.drain(producer.engine, producer.redis, queue=settings.queue, batch=100)
+    with phase("collect"):
+        collected = producer.collect(turn.turn_id, timeout=5)
+    assert collected.complete
+    n = args.calls
+    print(f"round trips per call, turn of {n} reads (totals in brackets)")
+    for name in ("submit", "worker", "relayer", "collect"):
+        pg, rd = COUNTS[f"{name}:pg"], COUNTS[f"{name}:redis"]
+        print(f"  {name:<8} postgres {pg / n:5.2f} [{pg:3d}]   redis {rd / n:5.2f} [{rd:3d}]")
+    rt.queue.empty()
+
+
+def _env(settings: Settings) -> dict[str, str]:
+    return {
+        "CALLGATE_DATABASE_URL": settings.require_database(),
+        "CALLGATE_REDIS_URL": settings.require_redis(),
+    }
+
+
+if __name__ == "__main__":
+    main()

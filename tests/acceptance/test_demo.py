@@ -1,0 +1,24 @@
+"""The README's first command: ``callgate demo`` on embedded services, nothing configured."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+
+
+def test_demo_runs_on_embedded_services_and_checks_its_invariants(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "ops.cli", "demo", "--data-dir", str(tmp_path / "data")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "[FAIL]" not in proc.stdout
+    (passed, total) = map(int, re.search(r"(\d+)/(\d+) invariants hold", proc.stdout).groups())
+    assert passed == total >= 8
+    assert "call-refund-3" in proc.stdout and "result_reused" in proc.stdout
