@@ -52,9 +52,9 @@ def _count_postgres(engine: Engine) -> None:
 
 
 def _count_redis() -> None:
-    original = RedisConnection.send_packed_command
+    original: Any = RedisConnection.send_packed_command
 
-    def send(self: RedisConnection, command: Any, check_health: bool = True) -> None:
+    def send(self: Any, command: Any, check_health: bool = True) -> None:
         COUNTS[f"{_phase[0]}:redis"] += 1
         original(self, command, check_health)
 
@@ -99,7 +99,7 @@ def main() -> None:
     for name in ("submit", "worker", "relayer", "collect"):
         pg, rd = COUNTS[f"{name}:pg"], COUNTS[f"{name}:redis"]
         print(f"  {name:<8} postgres {pg / n:5.2f} [{pg:3d}]   redis {rd / n:5.2f} [{rd:3d}]")
-    rt.queue.empty()
+    rt.queue.empty()  # type: ignore[no-untyped-call]
 
 
 def _env(settings: Settings) -> dict[str, str]:

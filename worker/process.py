@@ -10,13 +10,21 @@ from __future__ import annotations
 
 from rq import SimpleWorker
 from rq.serializers import JSONSerializer
+from sqlalchemy import text
 
+from store import db, transport
 from store.settings import Settings
 from worker import runtime
 
 
 def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> None:
     rt = runtime.Runtime.create(settings)
+    # Connect before taking jobs: a bad URL fails here, once, with a clear error, and the
+    # first job does not pay for connection setup.
+    with db.translate_errors("worker start"), db.autocommit(rt.engine) as conn:
+        conn.execute(text("SELECT 1"))
+    with transport.translate_errors("worker start"):
+        rt.redis.ping()
     runtime.install(rt)
     worker = SimpleWorker([rt.queue], connection=rt.redis, serializer=JSONSerializer, name=name)
     worker.work(burst=burst, logging_level="WARNING")
