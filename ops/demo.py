@@ -18,7 +18,7 @@ from sqlalchemy import Engine, text
 
 from ops.stack import Stack, wait_for_workers
 from producer import Producer
-from store import db, trace, transport
+from store import trace, transport
 from store.settings import Settings
 
 READ_DELAYS = "get_weather=120,get_stock=280,get_news=200"
@@ -232,6 +232,3 @@ def _print_trace(engine: Engine, turn_id: str, out: TextIO) -> None:
         gen = "" if e["generation"] is None else str(e["generation"])
         who = f"{e['call_id'] or '':<22}{e['tool_name'] or '':<16}"
         out.write(f"  {who}{e['event']:<22}{gen:<5}{json.dumps(detail)}\n")
-
-
-__all__ = ["db", "run"]

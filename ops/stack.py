@@ -46,10 +46,12 @@ class Stack:
     def start_worker(self, name: str) -> subprocess.Popen[bytes]:
         return self.start(name, ["worker", "--name", f"{name}-{os.getpid()}-{time.monotonic_ns()}"])
 
-    def start(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def start(
+        self, name: str, args: list[str], env: Mapping[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         proc = subprocess.Popen(
             [sys.executable, "-m", "ops.cli", *args],
-            env={**os.environ, **self.env},
+            env={**os.environ, **self.env, **(env or {})},
             stdin=subprocess.DEVNULL,
         )
         self.procs[name] = proc

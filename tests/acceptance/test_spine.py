@@ -184,18 +184,8 @@ def test_d_stale_worker_is_fenced_off(producer, stack, engine, fresh_payments, s
 
 def test_e_relayer_killed_between_publish_and_mark(producer, stack, engine):
     s = stack(workers=2, relayer=False)
-    s.start("relayer-slow", ["relayer"])
-    s.procs["relayer-slow"].kill()  # replaced below by one with a wide publish→mark window
-    s.procs["relayer-slow"].wait()
-    env_slow = dict(s.env, CALLGATE_RELAYER_MARK_DELAY_MS="5000")
-    import os
-    import subprocess
-    import sys
-
-    slow = subprocess.Popen(
-        [sys.executable, "-m", "ops.cli", "relayer"], env={**os.environ, **env_slow}
-    )
-    s.procs["relayer-slow"] = slow
+    # A relayer with a wide publish→mark window, so the kill lands between the two.
+    slow = s.start("relayer-slow", ["relayer"], env={"CALLGATE_RELAYER_MARK_DELAY_MS": "5000"})
     turn = producer.submit(
         [
             {
