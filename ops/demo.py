@@ -119,7 +119,7 @@ def _refund(producer: Producer, report: Report) -> dict[str, Any]:
     result = producer.collect(turn.turn_id, timeout=10).results
     call = turn.calls[0]
     ok = len(result) == 1 and result[0].status == "succeeded"
-    data = result[0].model_dump().get("data", {}) if result else {}
+    data = (result[0].model_dump().get("data") or {}).get("content") or {} if result else {}
     report.check("the refund succeeded", ok, json.dumps(data))
     effects = _side_effects(producer.engine, call.operation_id, "refund_payment")
     report.check(
@@ -149,7 +149,7 @@ def _refund_again(producer: Producer, report: Report, first: dict[str, Any]) -> 
         operation_ids={"call-refund-3-retry": call.operation_id},
     )
     again = producer.collect(turn.turn_id, timeout=10).results
-    data = again[0].model_dump().get("data", {}) if again else {}
+    data = (again[0].model_dump().get("data") or {}).get("content") or {} if again else {}
     report.check(
         "the redelivery reuses the first result",
         bool(again)

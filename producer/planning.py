@@ -6,13 +6,17 @@ the write before it, and starts only once that one is terminal.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import uuid
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from store.errors import ErrorCode, InputError
 from store.turns import PlannedCall
 from store.types import CallContext, ProposedCall
-from worker.intent import idempotency_key
+from worker.intent import canonical_json, idempotency_key
 from worker.registry import Registry
 
 
@@ -53,8 +57,34 @@ def plan(
                 operation_id=op,
                 idempotency_key=idempotency_key(context.tenant_id, proposal.tool_name, op),
                 after=previous_write if kind == "write" else None,
+                args_hash=arguments_hash(proposal.arguments),
             )
         )
         if kind == "write":
             previous_write = ref
     return planned
+
+
+def arguments_hash(arguments: Mapping[str, Any] | str) -> str:
+    """Same tool + same arguments, whatever their key order or spelling (SPEC §12)."""
+    value: Any = arguments
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except json.JSONDecodeError:
+            value = {"$raw": arguments}  # unparseable: only the identical string repeats it
+    return hashlib.sha256(canonical_json(value).encode()).hexdigest()
+
+
+def rechain(planned: Sequence[PlannedCall]) -> list[PlannedCall]:
+    """Writes wait for the previous write that will run; refused writes never run."""
+    out: list[PlannedCall] = []
+    previous_write: uuid.UUID | None = None
+    for p in planned:
+        if p.kind == "write":
+            out.append(dataclasses.replace(p, after=previous_write))
+            if p.refusal is None:
+                previous_write = p.ref
+        else:
+            out.append(p)
+    return out

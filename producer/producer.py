@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -14,6 +13,7 @@ from pydantic import ValidationError
 from rq import Queue
 from sqlalchemy import Engine
 
+from producer.budgets import apply_budgets
 from producer.fanin import FanIn, Result
 from producer.planning import plan
 from store import db, transport, turns
@@ -70,7 +70,7 @@ class Producer:
             settings=settings,
             engine=db.create(settings.require_database(), application_name="callgate-producer"),
             redis_connection=transport.connect(settings.require_redis()),
-            registry=tool_registry.load(os.environ.get("CALLGATE_TOOLS")),
+            registry=tool_registry.from_env(),
         )
 
     def submit(
@@ -97,8 +97,17 @@ class Producer:
         except ValidationError as exc:
             raise InputError(f"bad proposal or context: {_first_error(exc)}") from None
         planned = plan(calls, ctx, self.registry, operation_ids)
+
+        def decide(facts: turns.ConversationFacts) -> list[turns.PlannedCall]:
+            return apply_budgets(
+                planned,
+                facts,
+                turn_budget=self.settings.turn_call_budget,
+                conversation_budget=self.settings.conversation_call_budget,
+            )
+
         with db.translate_errors("submit"):
-            turn_id = turns.record(self.engine, ctx, planned)
+            turn_id, planned = turns.record(self.engine, ctx, planned, decide)
         turn = turns.as_turn(turn_id, planned)
         try:
             transport.enqueue_calls(

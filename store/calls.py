@@ -14,9 +14,11 @@ LOAD_SQL = """
 SELECT c.id, c.turn_id, c.call_id, c.tool_name, c.arguments, c.kind, c.state,
        c.operation_id, c.after_call,
        prev.state AS after_state,
-       t.request_id, t.tenant_id, t.user_id, t.roles
+       t.request_id, t.tenant_id, t.user_id, t.roles,
+       op.state AS op_state, op.intent_hash AS op_intent
   FROM callgate.calls AS c
   JOIN callgate.turns AS t USING (turn_id)
+  JOIN callgate.operations AS op ON op.operation_id = c.operation_id
   LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
  WHERE c.id = :ref
 """
@@ -38,6 +40,8 @@ class CallRecord:
     tenant_id: str
     user_id: str
     roles: tuple[str, ...]
+    op_state: str
+    op_intent: str | None
 
 
 def load(engine: Engine, ref: uuid.UUID) -> CallRecord | None:

@@ -17,16 +17,22 @@ class ErrorCode(StrEnum):
     TOOL_NOT_ALLOWED = "tool_not_allowed"
     INVALID_ARGUMENTS_JSON = "invalid_arguments_json"
     INVALID_ARGUMENTS = "invalid_arguments"
+    # Business validation against server state (tool-specific).
     REFUND_AMOUNT_EXCEEDED = "refund_amount_exceeded"
+    CURRENCY_MISMATCH = "currency_mismatch"
+    NOT_FOUND = "not_found"
+    BATCH_LIMIT_EXCEEDED = "batch_limit_exceeded"
     PERMISSION_DENIED = "permission_denied"
     APPROVAL_REQUIRED = "approval_required"
     APPROVAL_DENIED = "approval_denied"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     OPERATION_IN_PROGRESS = "operation_in_progress"
+    # Loop and budget (SPEC §12), decided when the turn is recorded.
+    BUDGET_EXCEEDED = "budget_exceeded"
+    REPEATED_CALL = "repeated_call"
     # Execution.
     UPSTREAM_UNAVAILABLE = "upstream_unavailable"
     STALE_FENCE = "stale_fence"
-    NOT_FOUND = "not_found"
     RECONCILIATION_PENDING = "reconciliation_pending"
     EXECUTION_FAILED = "execution_failed"
     # Correlation (SPEC §4).
@@ -35,16 +41,30 @@ class ErrorCode(StrEnum):
     EXTRA_RESULT = "extra_result"
     TOOL_NAME_MISMATCH = "tool_name_mismatch"
     NON_TERMINAL_RESULT = "non_terminal_result"
+    # Provider envelopes (SPEC §2) and MCP results (SPEC §11).
+    INVALID_PROVIDER_ENVELOPE = "invalid_provider_envelope"
+    MISSING_TOOL_CALLS = "missing_tool_calls"
+    MALFORMED_TOOL_CALLS = "malformed_tool_calls"
+    DUPLICATE_CALL_ID = "duplicate_call_id"
+    INVALID_TOOL_CALL_FIELD = "invalid_tool_call_field"
+    UNSUPPORTED_SURFACE = "unsupported_surface"
+    MCP_INVALID_PARAMS = "mcp_invalid_params"
+    MCP_WIRE_ERROR = "mcp_wire_error"
+    MCP_TOOL_EXECUTION_FAILED = "mcp_tool_execution_failed"
+    MCP_RESPONSE_ID_MISMATCH = "mcp_response_id_mismatch"
     # Input, configuration and infrastructure.
     INVALID_INPUT = "invalid_input"
     INVALID_CONFIGURATION = "invalid_configuration"
     UNKNOWN_TURN = "unknown_turn"
+    UNKNOWN_APPROVAL = "unknown_approval"
+    APPROVAL_NOT_PENDING = "approval_not_pending"
     DATABASE_UNAVAILABLE = "database_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"
     EMBEDDED_SERVICE_FAILED = "embedded_service_failed"
 
 
-# Codes after which running the same call again, unchanged, cannot succeed.
+# The codes for which the same call, unchanged, may succeed later (within a retry budget).
+# Every other code is terminal: the model or a person must change something first.
 RETRYABLE_CODES = frozenset(
     {
         ErrorCode.UPSTREAM_UNAVAILABLE,
@@ -99,6 +119,12 @@ class ServiceUnavailable(CallgateError):
 
 class UnknownTurn(CallgateError):
     code = ErrorCode.UNKNOWN_TURN
+
+
+class ApprovalError(CallgateError):
+    """An approver acted on an approval that does not exist or is no longer pending."""
+
+    code = ErrorCode.UNKNOWN_APPROVAL
 
 
 class CorrelationError(CallgateError):

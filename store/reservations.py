@@ -6,8 +6,13 @@
 - ``complete``: requires state ``in_progress`` and the same intent, owner and generation; in
   the same statement it writes the result, every open call of the operation, their outbox
   rows and trace events, and wakes the relayer. No row means a stale owner: nothing changes.
-- ``reject`` / ``reuse``: end one call without running anything (a gate refusal, or a result
-  the operation already has), with the same outbox and trace in the same statement.
+- ``refuse``: a gate refusal decided on server state (business rule, authorization, approval
+  denied). It ends the *operation* with the refusal, guarded on ``state = 'pending'``, so it
+  serialises with ``reserve`` on the operation row: a refusal can never overwrite a call whose
+  operation another delivery already reserved or finished.
+- ``reject`` / ``reuse``: end one call without running anything (a refusal decided on the call
+  alone: allowlist, JSON, schema; or a result the operation already has), with the same
+  outbox and trace in the same statement.
 """
 
 from __future__ import annotations
@@ -35,6 +40,9 @@ WITH op AS (
      WHERE operation_id = :operation_id
        AND (intent_hash IS NULL OR intent_hash = :intent_hash)
        AND (state = 'pending' OR (state = 'in_progress' AND lease_expires_at < now()))
+       -- never start a handler for a call that has already ended
+       AND EXISTS (SELECT 1 FROM callgate.calls
+                    WHERE id = :call_ref AND state IN ('proposed', 'started'))
     RETURNING operation_id, generation, reserved_from
 ), started AS (
     UPDATE callgate.calls AS c
@@ -46,7 +54,8 @@ WITH op AS (
     INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, generation, detail)
     SELECT CAST(:turn_id AS uuid), CAST(:call_ref AS uuid), op.operation_id,
            CASE WHEN op.reserved_from = 'in_progress' THEN 'takeover' ELSE 'reserved' END,
-           op.generation, jsonb_build_object('intent_hash', CAST(:intent_hash AS text))
+           op.generation,
+           jsonb_build_object('intent_hash', CAST(:intent_hash AS text)) || CAST(:detail AS jsonb)
       FROM op
 )
 SELECT generation, reserved_from FROM op
@@ -65,7 +74,7 @@ RETURNING lease_expires_at
 # The tail shared by every statement that ends calls: `finished` holds the calls just made
 # terminal (id, turn_id, result, status). Their outbox rows, trace events, the relayer's
 # wake-up and the next write of each turn are written in the same statement.
-_FINISH_TAIL = """
+FINISH_TAIL = """
 , outboxed AS (
     INSERT INTO callgate.outbox (turn_id, call_ref, payload)
     SELECT turn_id, id, result FROM finished
@@ -74,6 +83,7 @@ _FINISH_TAIL = """
     INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, generation, detail)
     SELECT turn_id, id, operation_id, CAST(:event AS text), CAST(:generation AS integer),
            jsonb_build_object('status', status, 'code', result #>> '{error,code}')
+             || CAST(:detail AS jsonb)
       FROM finished
 ), woken AS (
     SELECT pg_notify('callgate_outbox', '') FROM (SELECT 1 FROM outboxed LIMIT 1) AS any_row
@@ -112,10 +122,42 @@ WITH op AS (
                     || CAST(:body AS jsonb),
            completed_at = now()
       FROM op
-     WHERE c.operation_id = op.operation_id AND c.state IN ('proposed', 'started')
+     WHERE c.operation_id = op.operation_id
+       AND c.state IN ('proposed', 'started', 'awaiting_approval')
     RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
 )"""
-    + _FINISH_TAIL
+    + FINISH_TAIL
+    + ", (SELECT count(*) FROM op) AS won"
+)
+
+REFUSE_SQL = (
+    """
+WITH op AS (
+    UPDATE callgate.operations
+       SET state = :op_state,
+           intent_hash = CASE WHEN CAST(:op_state AS text) = 'pending' THEN intent_hash
+                              ELSE CAST(:intent_hash AS text) END,
+           result = CASE WHEN CAST(:op_state AS text) = 'pending' THEN NULL
+                         ELSE CAST(:body AS jsonb) END,
+           completed_at = now()
+     WHERE operation_id = :operation_id
+       AND state = 'pending'
+       AND (intent_hash IS NULL OR intent_hash = :intent_hash)
+    RETURNING operation_id
+), finished AS (
+    UPDATE callgate.calls AS c
+       SET state = :status,
+           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+                    || CAST(:body AS jsonb),
+           completed_at = now()
+      FROM op
+     WHERE c.operation_id = op.operation_id
+       AND c.state IN ('proposed', 'started', 'awaiting_approval')
+       -- a retryable refusal ends only this call; a terminal one is the operation's outcome
+       AND (CAST(:op_state AS text) <> 'pending' OR c.id = :call_ref)
+    RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
+)"""
+    + FINISH_TAIL
     + ", (SELECT count(*) FROM op) AS won"
 )
 
@@ -130,7 +172,7 @@ WITH finished AS (
      WHERE c.id = :call_ref AND c.state IN ('proposed', 'started')
     RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
 )"""
-    + _FINISH_TAIL
+    + FINISH_TAIL
 )
 
 REUSE_SQL = (
@@ -148,12 +190,14 @@ WITH finished AS (
        AND op.intent_hash = :intent_hash
     RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
 )"""
-    + _FINISH_TAIL
+    + FINISH_TAIL
 )
 
-OPERATION_SQL = """
-SELECT state, intent_hash, lease_expires_at > now() AS lease_live, generation
-  FROM callgate.operations WHERE operation_id = :operation_id
+WHY_LOST_SQL = """
+SELECT op.state, op.intent_hash, op.generation, c.state AS call_state
+  FROM callgate.operations AS op
+  JOIN callgate.calls AS c ON c.operation_id = op.operation_id
+ WHERE op.operation_id = :operation_id AND c.id = :call_ref
 """
 
 TRACE_SQL = """
@@ -170,9 +214,10 @@ class Reserved:
 
 @dataclass(frozen=True)
 class NotReserved:
-    """Why the reservation failed: done (reuse), busy (another live owner), or conflict."""
+    """Why the reservation failed: done (reuse), busy (another live owner), conflict, or the
+    call itself already ended (another delivery finished it)."""
 
-    reason: Literal["done", "busy", "conflict", "missing"]
+    reason: Literal["done", "busy", "conflict", "missing", "ended"]
     generation: int = 0
 
 
@@ -200,6 +245,7 @@ def reserve(
     owner_token: uuid.UUID,
     intent_hash: str,
     lease_seconds: float,
+    detail: dict[str, Any] | None = None,
 ) -> Reserved | NotReserved:
     with db.autocommit(engine) as conn:
         row = conn.execute(
@@ -211,15 +257,26 @@ def reserve(
                 "owner_token": owner_token,
                 "intent_hash": intent_hash,
                 "lease_seconds": lease_seconds,
+                "detail": json.dumps(detail or {}),
             },
         ).first()
         if row is not None:
             return Reserved(row.generation, takeover=row.reserved_from == "in_progress")
-        # Lost: read why, only to choose what this delivery does next. Nothing below
-        # changes state on the strength of this read.
-        op = conn.execute(text(OPERATION_SQL), {"operation_id": operation_id}).first()
+        return why_lost(conn, operation_id=operation_id, call_ref=call_ref, intent_hash=intent_hash)
+
+
+def why_lost(
+    conn: Connection, *, operation_id: str, call_ref: uuid.UUID, intent_hash: str
+) -> NotReserved:
+    """Read why a guarded statement matched no row, only to choose what this delivery does
+    next. Nothing changes state on the strength of this read."""
+    op = conn.execute(
+        text(WHY_LOST_SQL), {"operation_id": operation_id, "call_ref": call_ref}
+    ).first()
     if op is None:
         return NotReserved("missing")
+    if op.call_state in TERMINAL_STATES:
+        return NotReserved("ended", op.generation)
     if op.intent_hash is not None and op.intent_hash != intent_hash:
         return NotReserved("conflict", op.generation)
     if op.state in ("succeeded", "failed"):
@@ -246,7 +303,14 @@ def result_body(status: str, payload: dict[str, Any]) -> str:
     return json.dumps({"status": status, key: payload})
 
 
-def complete(engine: Engine, lease: Lease, *, status: str, payload: dict[str, Any]) -> Finished:
+def complete(
+    engine: Engine,
+    lease: Lease,
+    *,
+    status: str,
+    payload: dict[str, Any],
+    detail: dict[str, Any] | None = None,
+) -> Finished:
     """Commit the outcome iff this owner still holds this generation. Else change nothing."""
     assert status in TERMINAL_STATES
     # A retryable failure ends the call but leaves the operation open for a later retry.
@@ -263,12 +327,52 @@ def complete(engine: Engine, lease: Lease, *, status: str, payload: dict[str, An
                 "status": status,
                 "body": result_body(status, payload),
                 "event": "completed",
+                "detail": json.dumps(detail or {}),
             },
         ).one()
     return Finished(row.finished, list(row.successors), won=bool(row.won))
 
 
-def reject(engine: Engine, *, call_ref: uuid.UUID, status: str, error: dict[str, Any]) -> Finished:
+def refuse(
+    engine: Engine,
+    *,
+    operation_id: str,
+    call_ref: uuid.UUID,
+    intent_hash: str,
+    status: str,
+    error: dict[str, Any],
+    detail: dict[str, Any] | None = None,
+) -> Finished | NotReserved:
+    """End the operation with a gate refusal iff nobody reserved or finished it first."""
+    op_state = "failed" if status == "failed_terminal" else "pending"
+    with db.autocommit(engine) as conn:
+        row = conn.execute(
+            text(REFUSE_SQL),
+            {
+                "operation_id": operation_id,
+                "call_ref": call_ref,
+                "intent_hash": intent_hash,
+                "op_state": op_state,
+                "status": status,
+                "body": result_body(status, error),
+                "event": "refused",
+                "generation": None,
+                "detail": json.dumps(detail or {}),
+            },
+        ).one()
+        if row.won:
+            return Finished(row.finished, list(row.successors))
+        return why_lost(conn, operation_id=operation_id, call_ref=call_ref, intent_hash=intent_hash)
+
+
+def reject(
+    engine: Engine,
+    *,
+    call_ref: uuid.UUID,
+    status: str,
+    error: dict[str, Any],
+    detail: dict[str, Any] | None = None,
+) -> Finished:
     """End one call that the gate refused. Nothing was reserved; nothing ran."""
     with db.autocommit(engine) as conn:
         row = conn.execute(
@@ -279,12 +383,15 @@ def reject(engine: Engine, *, call_ref: uuid.UUID, status: str, error: dict[str,
                 "body": result_body(status, error),
                 "event": "rejected",
                 "generation": None,
+                "detail": json.dumps(detail or {}),
             },
         ).one()
     return Finished(row.finished, list(row.successors))
 
 
-def reuse(engine: Engine, *, call_ref: uuid.UUID, intent_hash: str) -> Finished:
+def reuse(
+    engine: Engine, *, call_ref: uuid.UUID, intent_hash: str, detail: dict[str, Any] | None = None
+) -> Finished:
     """End one call with the result its operation already committed (a redelivery)."""
     with db.autocommit(engine) as conn:
         row = conn.execute(
@@ -294,6 +401,7 @@ def reuse(engine: Engine, *, call_ref: uuid.UUID, intent_hash: str) -> Finished:
                 "intent_hash": intent_hash,
                 "event": "result_reused",
                 "generation": None,
+                "detail": json.dumps(detail or {}),
             },
         ).one()
     return Finished(row.finished, list(row.successors))

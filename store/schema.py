@@ -3,7 +3,11 @@
 State columns are checked in the database, not only in Python:
 - ``operations.state``: pending → in_progress → succeeded | failed; ``generation`` grows by one
   on every reservation and is the fencing token the downstream sees.
-- ``calls.state``: proposed → started → succeeded | failed_retryable | failed_terminal.
+- ``calls.state``: proposed → started → succeeded | failed_retryable | failed_terminal; a call
+  whose risk policy asks for approval waits in ``awaiting_approval`` (no job, no reservation)
+  until an approver decides.
+- ``approvals.state``: pending → approved | denied | superseded. A request is bound to the
+  operation, the intent hash and the policy version it was computed for.
 """
 
 from __future__ import annotations
@@ -41,8 +45,10 @@ turns = Table(
     Column("tenant_id", Text, nullable=False),
     Column("user_id", Text, nullable=False),
     Column("roles", ARRAY(Text), nullable=False),
+    Column("conversation_id", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
+Index("turns_conversation", turns.c.conversation_id)
 
 operations = Table(
     "operations",
@@ -70,6 +76,33 @@ operations = Table(
     ),
 )
 
+approvals = Table(
+    "approvals",
+    metadata,
+    Column("approval_id", Uuid, primary_key=True),
+    Column("operation_id", Text, ForeignKey("callgate.operations.operation_id"), nullable=False),
+    Column("version", Integer, nullable=False),
+    Column("tool_name", Text, nullable=False),
+    Column("tenant_id", Text, nullable=False),
+    Column("requested_by", Text, nullable=False),
+    Column("intent_hash", Text, nullable=False),
+    Column("policy_version", Text, nullable=False),
+    Column("impact", JSONB, nullable=False),
+    Column("state", Text, nullable=False, server_default="pending"),
+    Column("decided_by", Text),
+    Column("decided_at", DateTime(timezone=True)),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("operation_id", "version", name="approvals_operation_version"),
+    CheckConstraint(
+        "state IN ('pending', 'approved', 'denied', 'superseded')", name="approvals_state"
+    ),
+    CheckConstraint(
+        "(state IN ('approved', 'denied')) = (decided_by IS NOT NULL)",
+        name="approvals_decided_by_iff_decided",
+    ),
+)
+Index("approvals_pending", approvals.c.created_at, postgresql_where=text("state = 'pending'"))
+
 calls = Table(
     "calls",
     metadata,
@@ -82,6 +115,8 @@ calls = Table(
     Column("kind", Text, nullable=False),
     Column("operation_id", Text, ForeignKey("callgate.operations.operation_id"), nullable=False),
     Column("after_call", Uuid, ForeignKey("callgate.calls.id")),
+    Column("args_hash", Text, nullable=False),
+    Column("approval_id", Uuid, ForeignKey("callgate.approvals.approval_id")),
     Column("state", Text, nullable=False, server_default="proposed"),
     Column("result", JSONB),
     Column("dispatches", Integer, nullable=False, server_default="0"),
@@ -91,8 +126,12 @@ calls = Table(
     UniqueConstraint("turn_id", "call_id", name="calls_turn_call_id"),
     CheckConstraint("kind IN ('read', 'write')", name="calls_kind"),
     CheckConstraint(
-        "state IN ('proposed', 'started', 'succeeded', 'failed_retryable', 'failed_terminal')",
+        "state IN ('proposed', 'started', 'awaiting_approval',"
+        " 'succeeded', 'failed_retryable', 'failed_terminal')",
         name="calls_state",
+    ),
+    CheckConstraint(
+        "state <> 'awaiting_approval' OR approval_id IS NOT NULL", name="calls_awaiting_has_request"
     ),
     CheckConstraint(
         "(result IS NOT NULL) = (state IN ('succeeded', 'failed_retryable', 'failed_terminal'))",
@@ -101,6 +140,7 @@ calls = Table(
 )
 Index("calls_operation", calls.c.operation_id)
 Index("calls_after_call", calls.c.after_call)
+Index("calls_approval", calls.c.approval_id)
 Index(
     "calls_open",
     calls.c.dispatched_at,

@@ -53,6 +53,8 @@ class Settings:
     stale_seconds: float = 60.0
     relayer_batch: int = 100
     job_timeout_seconds: float = 300.0
+    turn_call_budget: int = 32
+    conversation_call_budget: int = 256
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Self:
@@ -73,6 +75,8 @@ class Settings:
             stale_seconds=_float(env, "CALLGATE_STALE_SECONDS", 60.0, minimum=0.1),
             relayer_batch=_int(env, "CALLGATE_RELAYER_BATCH", 100, minimum=1),
             job_timeout_seconds=_float(env, "CALLGATE_JOB_TIMEOUT_SECONDS", 300.0, minimum=1),
+            turn_call_budget=_int(env, "CALLGATE_TURN_CALL_BUDGET", 32, minimum=1),
+            conversation_call_budget=_int(env, "CALLGATE_CONVERSATION_CALL_BUDGET", 256, minimum=1),
         )
 
     def require_database(self) -> str:

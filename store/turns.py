@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, insert, select, text
@@ -28,16 +28,84 @@ class PlannedCall:
     operation_id: str
     idempotency_key: str
     after: uuid.UUID | None
+    args_hash: str = ""
+    # Set when the call is refused as it is recorded (budget, repeated call): its terminal
+    # error body. It is never enqueued.
+    refusal: dict[str, Any] | None = field(default=None)
 
     @property
     def dispatch_now(self) -> bool:
-        return self.after is None
+        return self.after is None and self.refusal is None
 
 
-def record(engine: Engine, context: CallContext, planned: Sequence[PlannedCall]) -> uuid.UUID:
-    """Turn, operations and calls in one transaction: all of it is recorded, or none."""
+@dataclass(frozen=True)
+class ConversationFacts:
+    """What the conversation already holds, read under its lock (SPEC §12)."""
+
+    prior_calls: int
+    failed: frozenset[tuple[str, str]]  # (tool_name, args_hash) of calls that failed terminally
+
+
+Decide = Callable[[ConversationFacts], Sequence[PlannedCall]]
+
+CONVERSATION_SQL = """
+SELECT count(*) AS prior_calls,
+       coalesce(array_agg(c.tool_name || ':' || c.args_hash)
+                FILTER (WHERE c.state = 'failed_terminal'), '{}') AS failed
+  FROM callgate.calls AS c
+  JOIN callgate.turns AS t USING (turn_id)
+ WHERE t.conversation_id = :conversation_id
+"""
+
+# Calls refused as they are recorded get their outbox row and trace event at once.
+REFUSED_SQL = """
+WITH refused AS (
+    SELECT id, turn_id, operation_id, result, state AS status
+      FROM callgate.calls
+     WHERE turn_id = :turn_id AND state = 'failed_terminal'
+), outboxed AS (
+    INSERT INTO callgate.outbox (turn_id, call_ref, payload)
+    SELECT turn_id, id, result FROM refused
+    RETURNING id
+), traced AS (
+    INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, detail)
+    SELECT turn_id, id, operation_id, 'refused_at_submit',
+           jsonb_build_object('status', status, 'code', result #>> '{error,code}')
+      FROM refused
+)
+SELECT pg_notify('callgate_outbox', '') FROM (SELECT 1 FROM outboxed LIMIT 1) AS any_row
+"""
+
+
+def record(
+    engine: Engine,
+    context: CallContext,
+    planned: Sequence[PlannedCall],
+    decide: Decide | None = None,
+) -> tuple[uuid.UUID, list[PlannedCall]]:
+    """Turn, operations and calls in one transaction: all of it is recorded, or none.
+
+    ``decide`` sees the conversation's facts under a per-conversation lock, so concurrent
+    turns of one conversation cannot both spend its last budget, and returns the calls as
+    they are to be recorded (some refused). Returns the turn id and those calls.
+    """
     turn_id = uuid.uuid4()
     with engine.begin() as conn:
+        facts = ConversationFacts(0, frozenset())
+        if context.conversation_id is not None:
+            conn.execute(
+                text("SELECT pg_advisory_xact_lock(hashtext('callgate.conversation:' || :c))"),
+                {"c": context.conversation_id},
+            )
+            row = conn.execute(
+                text(CONVERSATION_SQL), {"conversation_id": context.conversation_id}
+            ).one()
+            facts = ConversationFacts(
+                row.prior_calls,
+                frozenset(_tool_and_hash(f) for f in row.failed),
+            )
+        if decide is not None:
+            planned = list(decide(facts))
         conn.execute(
             insert(turns).values(
                 turn_id=turn_id,
@@ -45,6 +113,7 @@ def record(engine: Engine, context: CallContext, planned: Sequence[PlannedCall])
                 tenant_id=context.tenant_id,
                 user_id=context.user_id,
                 roles=list(context.roles),
+                conversation_id=context.conversation_id,
             )
         )
         # An application may hand in an existing operation id (a retry of one logical
@@ -68,9 +137,15 @@ def record(engine: Engine, context: CallContext, planned: Sequence[PlannedCall])
         conn.execute(
             text(
                 "INSERT INTO callgate.calls (id, turn_id, call_id, position, tool_name,"
-                " arguments, kind, operation_id, after_call, dispatches, dispatched_at)"
+                " arguments, kind, operation_id, after_call, args_hash, state, result,"
+                " completed_at, dispatches, dispatched_at)"
                 " VALUES (:id, :turn, :call_id, :position, :tool, CAST(:arguments AS jsonb),"
-                " :kind, :op, :after, :dispatches, CASE WHEN :dispatch THEN now() END)"
+                " :kind, :op, :after, :args_hash,"
+                " CASE WHEN :refused THEN 'failed_terminal' ELSE 'proposed' END,"
+                " CASE WHEN :refused THEN jsonb_build_object('call_id', CAST(:call_id AS text),"
+                "   'tool_name', CAST(:tool AS text)) || CAST(:result AS jsonb) END,"
+                " CASE WHEN :refused THEN now() END,"
+                " :dispatches, CASE WHEN :dispatch THEN now() END)"
             ),
             [
                 {
@@ -83,13 +158,20 @@ def record(engine: Engine, context: CallContext, planned: Sequence[PlannedCall])
                     "kind": p.kind,
                     "op": p.operation_id,
                     "after": p.after,
+                    "args_hash": p.args_hash,
+                    "refused": p.refusal is not None,
+                    "result": json.dumps(
+                        {"status": "failed_terminal", "error": p.refusal} if p.refusal else None
+                    ),
                     "dispatches": 1 if p.dispatch_now else 0,
                     "dispatch": p.dispatch_now,
                 }
                 for i, p in enumerate(planned)
             ],
         )
-    return turn_id
+        if any(p.refusal is not None for p in planned):
+            conn.execute(text(REFUSED_SQL), {"turn_id": turn_id})
+    return turn_id, list(planned)
 
 
 def _arguments_document(arguments: Mapping[str, Any] | str) -> Any:
@@ -150,3 +232,8 @@ def operation_rows(engine: Engine, operation_ids: Sequence[str]) -> list[dict[st
             select(operations).where(operations.c.operation_id.in_(list(operation_ids)))
         ).mappings()
         return [dict(r) for r in rows]
+
+
+def _tool_and_hash(joined: str) -> tuple[str, str]:
+    tool, _, args_hash = joined.rpartition(":")  # the hash is hex: the last ':' splits
+    return tool, args_hash

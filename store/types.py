@@ -32,6 +32,8 @@ class CallContext(_Frozen):
     tenant_id: str = Field(min_length=1)
     user_id: str = Field(min_length=1)
     roles: tuple[str, ...] = ()
+    # Turns of one conversation share its call budget and its repeated-call memory.
+    conversation_id: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class SafeErrorDetail(_Frozen):

@@ -1,8 +1,14 @@
-"""One delivery of one call: gate → reserve → handler(key, fence) → complete.
+"""One delivery of one call: the gate, the approval, the reservation, the handler, completion.
+
+Gate order (SPEC §3): allowlist → parse → schema → business → authorization → risk →
+approval bound to the intent → operation register (intent hash) → reservation → handler
+with the idempotency key and the fence → completion. Every refusal commits the call's
+terminal result without a reservation, so no handler runs after it.
 
 Every path ends in exactly one of: the call's terminal result committed (by this delivery or
-an earlier one), or a counted trace event that changes nothing (duplicate delivery, stale
-owner, waiting for the previous write). Nothing here trusts RQ to deliver once.
+an earlier one), the call parked for an approval, or a counted trace event that changes
+nothing (duplicate delivery, stale owner, waiting for the previous write). Nothing here
+trusts RQ to deliver once.
 """
 
 from __future__ import annotations
@@ -20,19 +26,47 @@ from tenacity import (
     wait_exponential,
 )
 
-from store import calls, reservations, transport
+from store import approvals, calls, reservations, transport
 from store.errors import CallgateError, ErrorCode, StaleFence, ToolError
 from store.turns import RAW_ARGUMENTS
 from store.types import TERMINAL_STATES
-from worker import gate
+from worker import gate, results
 from worker.heartbeat import Heartbeat
 from worker.intent import idempotency_key, intent_hash
-from worker.registry import ExecutionContext, Tool
+from worker.registry import Arguments, ExecutionContext, Facts, Principal, Tool
 from worker.runtime import Runtime
 
 log = logging.getLogger("callgate.worker")
 
 HANDLER_ATTEMPTS = 3
+SETTLE_ATTEMPTS = 3
+
+
+class _Delivery:
+    """One delivery's call record, audit detail and trace helper."""
+
+    def __init__(self, rt: Runtime, call: calls.CallRecord) -> None:
+        self.rt = rt
+        self.call = call
+        self.verdicts: dict[str, str] = {}
+        # SPEC §10 trace fields. Never the owner token, the arguments or the raw result.
+        self.audit: dict[str, Any] = {
+            "request_id": call.request_id,
+            "tool_call_id": call.call_id,
+            "tool": call.tool_name,
+            "verdicts": self.verdicts,
+        }
+
+    def trace(self, event: str, **detail: Any) -> None:
+        reservations.trace(
+            self.rt.engine,
+            event=event,
+            turn_id=self.call.turn_id,
+            call_ref=self.call.ref,
+            operation_id=self.call.operation_id,
+            generation=detail.pop("generation", None),
+            detail=detail,
+        )
 
 
 def execute(rt: Runtime, ref: uuid.UUID) -> str:
@@ -41,46 +75,153 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
     if call is None:
         log.warning("job for unknown call %s dropped", ref)
         return "unknown_call"
-
-    def trace(event: str, **detail: Any) -> None:
-        reservations.trace(
-            rt.engine,
-            event=event,
-            turn_id=call.turn_id,
-            call_ref=call.ref,
-            operation_id=call.operation_id,
-            generation=detail.pop("generation", None),
-            detail=detail,
-        )
-
+    d = _Delivery(rt, call)
     if call.state in TERMINAL_STATES:
-        trace("duplicate_delivery", state=call.state)
+        d.trace("duplicate_delivery", state=call.state)
+        return "duplicate_delivery"
+    if call.state == "awaiting_approval":
+        # Approving puts the call back to 'proposed' before enqueueing it: this job is stale.
+        d.trace("duplicate_delivery", state=call.state)
         return "duplicate_delivery"
     if call.after_call is not None and call.after_state not in TERMINAL_STATES:
         # The previous write's completion dispatches this one; running now would reorder.
-        trace("waiting_for_previous_write")
+        d.trace("waiting_for_previous_write")
         return "waiting"
 
+    # Layers 1–3 depend on the call alone: a refusal ends just this call.
     try:
-        tool, args = _gate(rt, call)
+        tool, args = _check_call(d)
     except ToolError as err:
-        _finish(
-            rt,
-            reservations.reject(
-                rt.engine, call_ref=call.ref, status=_status(err), error=_error(err)
-            ),
-        )
+        _finish(rt, reservations.reject(rt.engine, call_ref=call.ref, **_refusal(err, d)))
+        return "rejected"
+    d.audit["schema_version"] = tool.schema_version
+
+    principal = Principal(call.tenant_id, call.user_id, call.roles)
+    key = idempotency_key(call.tenant_id, tool.name, call.operation_id)
+    try:
+        facts = _resolve(tool, args, principal, key)
+    except ToolError as err:
+        d.verdicts["business"] = err.code.value
+        _finish(rt, reservations.reject(rt.engine, call_ref=call.ref, **_refusal(err, d)))
         return "rejected"
 
-    key = idempotency_key(call.tenant_id, tool.name, call.operation_id)
+    scope = sorted(r for r in call.roles if tool.name in rt.registry.allowlist.get(r, ()))
     intent = intent_hash(
-        arguments=args.model_dump(mode="json"),
+        arguments=_plain(args),
         tenant_id=call.tenant_id,
         user_id=call.user_id,
         tool_name=tool.name,
         tool_version=tool.version,
         schema_version=tool.schema_version,
+        resource=facts.canonical,
+        scope=",".join(scope),
     )
+    d.audit["intent_hash"] = intent
+    d.audit["operation_key_hash"] = key[:16]
+    if call.op_intent == intent:
+        # This exact intent was admitted before (every layer, the approval included, passed
+        # when it was first reserved), so the server-state layers are not judged again: after
+        # a crash gap the state they read already holds this operation's own effect (the
+        # refund made the balance smaller). Reuse the outcome, or take the reservation over.
+        if call.op_state in ("succeeded", "failed"):
+            d.verdicts["idempotency"] = "reused"
+            return _reuse(d, intent)
+        d.verdicts["idempotency"] = "admitted_before"
+        return _run(d, tool, args, key, intent, facts)
+
+    # Layers 4–6 read server state: a refusal is the operation's outcome for this intent.
+    layer = "business"
+    try:
+        gate.check_business(tool, args, facts)
+        d.verdicts[layer] = "pass"
+        layer = "authorization"
+        gate.check_authorized(tool, args, facts, principal)
+        d.verdicts[layer] = "pass"
+        layer = "risk"
+        impact = gate.assess_risk(tool, args, facts, principal)
+        d.verdicts[layer] = "approval_required" if impact is not None else "no_approval_needed"
+    except ToolError as err:
+        d.verdicts[layer] = err.code.value
+        return _refuse(d, intent, err)
+
+    if impact is not None:
+        parked = _settle_approval(d, tool, intent, impact)
+        if parked is not None:
+            return parked
+
+    return _run(d, tool, args, key, intent, facts)
+
+
+def _check_call(d: _Delivery) -> tuple[Tool, Arguments]:
+    layer = "allowlist"
+    try:
+        tool = gate.check_allowed(d.rt.registry, d.call.tool_name, d.call.roles)
+        d.verdicts[layer] = "pass"
+        layer = "parse"
+        raw = d.call.arguments
+        arguments = gate.parse_arguments(raw.get(RAW_ARGUMENTS, raw))
+        d.verdicts[layer] = "pass"
+        layer = "schema"
+        args = gate.validate_arguments(tool, arguments)
+        d.verdicts[layer] = "pass"
+    except ToolError as err:
+        d.verdicts[layer] = err.code.value
+        raise
+    return tool, args
+
+
+def _resolve(tool: Tool, args: Arguments, principal: Principal, key: str) -> Facts:
+    """The status lookup behind the intent and the business and authorization layers."""
+    if tool.resolve is None:
+        return Facts()
+    try:
+        return tool.resolve(args, principal, key)
+    except ToolError:
+        raise
+    except Exception as exc:  # the lookup's service failed; the same call may work later
+        log.warning("status lookup for %s failed: %s", tool.name, exc)
+        raise ToolError(
+            "could not read the resource's current state", code=ErrorCode.UPSTREAM_UNAVAILABLE
+        ) from exc
+
+
+def _settle_approval(d: _Delivery, tool: Tool, intent: str, impact: dict[str, Any]) -> str | None:
+    """Steps 6–7. ``None`` when an approval for exactly this intent is granted."""
+    call = d.call
+    for _ in range(SETTLE_ATTEMPTS):
+        settled = approvals.settle(
+            d.rt.engine,
+            operation_id=call.operation_id,
+            call_ref=call.ref,
+            turn_id=call.turn_id,
+            tool_name=tool.name,
+            tenant_id=call.tenant_id,
+            requested_by=call.user_id,
+            intent_hash=intent,
+            policy_version=tool.policy_version,
+            impact=impact,
+            detail=d.audit,
+        )
+        _finish(d.rt, settled.finished)
+        if settled.state is not None:
+            break
+    else:  # another delivery kept winning the race to create the request; it parked the call
+        d.trace("duplicate_delivery", reason="approval_request_race")
+        return "duplicate_delivery"
+    d.audit["approval"] = {"approval_id": str(settled.approval_id), "version": settled.version}
+    if settled.state == "pending":
+        d.verdicts["approval"] = "pending"
+        return "awaiting_approval" if settled.parked else "duplicate_delivery"
+    if settled.state == "denied":
+        d.verdicts["approval"] = ErrorCode.APPROVAL_DENIED.value
+        denied = ToolError("an approver denied this action", code=ErrorCode.APPROVAL_DENIED)
+        return _refuse(d, intent, denied)
+    d.verdicts["approval"] = "granted"
+    return None
+
+
+def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts: Facts) -> str:
+    rt, call = d.rt, d.call
     owner = uuid.uuid4()
     reserved = reservations.reserve(
         rt.engine,
@@ -90,29 +231,22 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
         owner_token=owner,
         intent_hash=intent,
         lease_seconds=rt.settings.lease_seconds,
+        detail=d.audit,
     )
     if isinstance(reserved, reservations.NotReserved):
-        if reserved.reason == "done":
-            finished = reservations.reuse(rt.engine, call_ref=call.ref, intent_hash=intent)
-            _finish(rt, finished)
-            return "reused" if finished.finished else "duplicate_delivery"
-        if reserved.reason == "conflict":
-            conflict = ToolError(
-                "this operation id was registered with a different intent",
-                code=ErrorCode.IDEMPOTENCY_CONFLICT,
-            )
-            _finish(
-                rt,
-                reservations.reject(
-                    rt.engine, call_ref=call.ref, status="failed_terminal", error=_error(conflict)
-                ),
-            )
-            return "conflict"
-        # Another live owner runs it; its completion ends every open call of the operation.
-        trace("duplicate_delivery", reason=reserved.reason, generation=reserved.generation)
-        return "duplicate_delivery"
+        return _lost(d, reserved, intent)
 
     lease = reservations.Lease(call.operation_id, owner, reserved.generation, intent)
+    if reserved.takeover and tool.kind == "write" and not _safe_to_take_over(tool):
+        # SPEC §7: an irreversible write with neither idempotency nor fencing downstream is
+        # never re-run automatically; a person reconciles it from a status lookup.
+        pending = ToolError(
+            "the previous attempt may have applied; a person must reconcile it",
+            code=ErrorCode.RECONCILIATION_PENDING,
+        )
+        _finish(rt, reservations.complete(rt.engine, lease, **_failure(pending, d)))
+        return "reconciliation_pending"
+
     ctx = ExecutionContext(
         tenant_id=call.tenant_id,
         user_id=call.user_id,
@@ -120,14 +254,21 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
         idempotency_key=key,
         fencing_token=reserved.generation,
         request_id=call.request_id,
+        canonical=facts.canonical,
     )
     started = time.monotonic()
+    detail = dict(d.audit)
     with Heartbeat(rt.engine, lease, rt.settings.lease_seconds) as heartbeat:
         try:
-            data = _run_handler(tool, args, ctx, heartbeat)
-            status, payload = "succeeded", data
+            raw = _run_handler(tool, args, ctx, heartbeat)
+            status = "succeeded"
+            payload, notes = results.safe_result(tool, raw)
+            if notes:
+                detail["result_notes"] = notes
+            if tool.audit_field and isinstance(raw.get(tool.audit_field), list):
+                detail["resources"] = [str(r) for r in raw[tool.audit_field]]
         except StaleFence as err:
-            trace("stale_fence_rejected", generation=reserved.generation, message=err.message)
+            d.trace("stale_fence_rejected", generation=reserved.generation, message=err.message)
             return "stale_fence"
         except ToolError as err:
             status, payload = _status(err), _error(err)
@@ -135,9 +276,12 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
             log.exception("handler %s failed", tool.name)
             status = "failed_terminal"
             payload = {"code": ErrorCode.EXECUTION_FAILED.value, "details": []}
-    finished = reservations.complete(rt.engine, lease, status=status, payload=payload)
+    detail["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    finished = reservations.complete(
+        rt.engine, lease, status=status, payload=payload, detail=detail
+    )
     if not finished.won:
-        trace("stale_completion_rejected", generation=reserved.generation, status=status)
+        d.trace("stale_completion_rejected", generation=reserved.generation, status=status)
         return "stale_completion"
     _finish(rt, finished)
     log.info(
@@ -146,20 +290,61 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
         tool.name,
         reserved.generation,
         status,
-        (time.monotonic() - started) * 1000,
+        detail["duration_ms"],
     )
     return status
 
 
-def _gate(rt: Runtime, call: calls.CallRecord) -> tuple[Tool, BaseModel]:
-    tool = gate.check_allowed(rt.registry, call.tool_name, call.roles)
-    raw = call.arguments
-    arguments = gate.parse_arguments(raw.get(RAW_ARGUMENTS, raw))
-    return tool, gate.validate_arguments(tool, arguments)
+def _safe_to_take_over(tool: Tool) -> bool:
+    return tool.effect.idempotent or tool.downstream.idempotency_keys or tool.downstream.fencing
+
+
+def _refuse(d: _Delivery, intent: str, err: ToolError) -> str:
+    """End the operation with a refusal decided on server state, unless another delivery
+    reserved or finished it first (then that delivery's outcome stands)."""
+    outcome = reservations.refuse(
+        d.rt.engine,
+        operation_id=d.call.operation_id,
+        call_ref=d.call.ref,
+        intent_hash=intent,
+        **_refusal(err, d),
+    )
+    if isinstance(outcome, reservations.NotReserved):
+        return _lost(d, outcome, intent)
+    _finish(d.rt, outcome)
+    return "refused"
+
+
+def _lost(d: _Delivery, lost: reservations.NotReserved, intent: str) -> str:
+    """A guarded statement matched no row: act on why, without changing anything else."""
+    if lost.reason == "done":
+        return _reuse(d, intent)
+    if lost.reason == "conflict":
+        d.verdicts["idempotency"] = ErrorCode.IDEMPOTENCY_CONFLICT.value
+        conflict = ToolError(
+            "this operation id was registered with a different intent",
+            code=ErrorCode.IDEMPOTENCY_CONFLICT,
+        )
+        _finish(
+            d.rt, reservations.reject(d.rt.engine, call_ref=d.call.ref, **_refusal(conflict, d))
+        )
+        return "conflict"
+    # busy: another live owner runs it, and its completion ends every open call of the
+    # operation; ended: another delivery already finished this call.
+    d.trace("duplicate_delivery", reason=lost.reason, generation=lost.generation)
+    return "duplicate_delivery"
+
+
+def _reuse(d: _Delivery, intent: str) -> str:
+    finished = reservations.reuse(
+        d.rt.engine, call_ref=d.call.ref, intent_hash=intent, detail=d.audit
+    )
+    _finish(d.rt, finished)
+    return "reused" if finished.finished else "duplicate_delivery"
 
 
 def _run_handler(
-    tool: Tool, args: BaseModel, ctx: ExecutionContext, heartbeat: Heartbeat
+    tool: Tool, args: Arguments, ctx: ExecutionContext, heartbeat: Heartbeat
 ) -> dict[str, Any]:
     """Retry retryable failures with the same key and fence, while the lease holds."""
     retrying = Retrying(
@@ -186,9 +371,21 @@ def _finish(rt: Runtime, finished: reservations.Finished) -> None:
         )
 
 
+def _plain(args: Arguments) -> dict[str, Any]:
+    return args.model_dump(mode="json") if isinstance(args, BaseModel) else dict(args)
+
+
 def _status(err: CallgateError) -> str:
     return "failed_retryable" if err.retryable else "failed_terminal"
 
 
 def _error(err: CallgateError) -> dict[str, Any]:
-    return {"code": err.code.value, "details": err.details}
+    return results.safe_error(err.code.value, err.details)
+
+
+def _refusal(err: CallgateError, d: _Delivery) -> dict[str, Any]:
+    return {"status": _status(err), "error": _error(err), "detail": d.audit}
+
+
+def _failure(err: CallgateError, d: _Delivery) -> dict[str, Any]:
+    return {"status": _status(err), "payload": _error(err), "detail": d.audit}

@@ -1,7 +1,9 @@
 """The gate's decisions over typed values (SPEC §3). No I/O: callers pass server facts in.
 
-Order: allowlist → arguments parse → schema. Business rules, authorization, approval and the
-operation register follow in later layers; each raises a ``ToolError`` with a stable code.
+Order: allowlist → arguments parse → schema → business rules → authorization → risk. Each
+layer raises a ``ToolError`` with a stable code, or returns what the next layer needs. The
+executor runs them in this order, then the approval and the operation register (which need
+Postgres), so an approval can never bypass an earlier layer.
 """
 
 from __future__ import annotations
@@ -10,10 +12,15 @@ import json
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from pydantic import BaseModel, ValidationError
+from jsonschema import Draft202012Validator
+from jsonschema import ValidationError as SchemaError
+from jsonschema.exceptions import SchemaError as BadSchema
+from pydantic import ValidationError
 
-from store.errors import ErrorCode, ToolError
-from worker.registry import Registry, Tool
+from store.errors import ConfigurationError, ErrorCode, ToolError
+from worker.registry import Arguments, Facts, Principal, Registry, Tool
+
+LAYERS = ("allowlist", "parse", "schema", "business", "authorization", "risk")
 
 
 def check_allowed(registry: Registry, tool_name: str, roles: Iterable[str]) -> Tool:
@@ -46,8 +53,17 @@ def parse_arguments(raw: Mapping[str, Any] | str) -> dict[str, Any]:
     return value
 
 
-def validate_arguments(tool: Tool, arguments: Mapping[str, Any]) -> BaseModel:
+def validate_arguments(tool: Tool, arguments: Mapping[str, Any]) -> Arguments:
     """Step 3: schema. Details name the field and the rule, never the received value."""
+    if isinstance(tool.arguments, Mapping):
+        details = check_arguments(tool.arguments, arguments)
+        if details:
+            raise ToolError(
+                f"arguments do not match {tool.name}'s schema",
+                code=ErrorCode.INVALID_ARGUMENTS,
+                details=details,
+            )
+        return dict(arguments)
     try:
         return tool.arguments.model_validate(dict(arguments), strict=True)
     except ValidationError as exc:
@@ -56,6 +72,85 @@ def validate_arguments(tool: Tool, arguments: Mapping[str, Any]) -> BaseModel:
             code=ErrorCode.INVALID_ARGUMENTS,
             details=schema_details(exc),
         ) from None
+
+
+def check_arguments(json_schema: Mapping[str, Any], arguments: Any) -> list[dict[str, Any]]:
+    """Check ``arguments`` against a JSON Schema (draft 2020-12).
+
+    Returns the ``invalid_arguments`` details ``[{path, code, expected}]`` with JSON Pointer
+    paths, in path order; an empty list when the arguments are valid. The received value is
+    never part of a detail. A schema that is itself invalid is a configuration error.
+    """
+    try:
+        Draft202012Validator.check_schema(json_schema)
+    except BadSchema as exc:
+        raise ConfigurationError(f"tool schema is not a valid JSON Schema: {exc.message}") from None
+    validator = Draft202012Validator(json_schema)
+    details: list[dict[str, Any]] = []
+    for err in validator.iter_errors(arguments):
+        details.extend(_json_schema_details(err))
+    unique = {(d["path"], d["code"], d["expected"]): d for d in details}
+    return sorted(unique.values(), key=lambda d: (d["path"], d["code"]))
+
+
+def _json_schema_details(err: SchemaError) -> list[dict[str, Any]]:
+    path = list(err.absolute_path)
+    kind = str(err.validator)
+    value = err.validator_value
+    instance = err.instance
+    if kind == "required" and isinstance(instance, dict):
+        return [
+            {"path": json_pointer([*path, name]), "code": "missing", "expected": "a value"}
+            for name in value
+            if name not in instance
+        ]
+    if kind == "additionalProperties" and isinstance(instance, dict):
+        schema = err.schema if isinstance(err.schema, dict) else {}
+        known = set(schema.get("properties", {}))
+        return [
+            {
+                "path": json_pointer([*path, name]),
+                "code": "extra_forbidden",
+                "expected": "no such field",
+            }
+            for name in instance
+            if name not in known
+        ]
+    expected = {
+        "type": lambda v: " or ".join(v) if isinstance(v, list) else str(v),
+        "enum": lambda v: "one of " + ", ".join(json.dumps(x) for x in v),
+        "const": lambda v: json.dumps(v),
+        "minLength": lambda v: f"at least {v} characters",
+        "maxLength": lambda v: f"at most {v} characters",
+        "minimum": lambda v: f">= {v}",
+        "maximum": lambda v: f"<= {v}",
+        "exclusiveMinimum": lambda v: f"> {v}",
+        "exclusiveMaximum": lambda v: f"< {v}",
+        "pattern": lambda v: f"matching {v}",
+        "format": lambda v: f"format {v}",
+        "minItems": lambda v: f"at least {v} items",
+        "maxItems": lambda v: f"at most {v} items",
+    }.get(kind, lambda v: kind)(value)
+    return [{"path": json_pointer(path), "code": kind, "expected": expected}]
+
+
+def check_business(tool: Tool, args: Arguments, facts: Facts) -> None:
+    """Step 4: is this value possible in the current server state?"""
+    if tool.validate is not None:
+        tool.validate(args, facts)
+
+
+def check_authorized(tool: Tool, args: Arguments, facts: Facts, principal: Principal) -> None:
+    """Step 5: may this principal act on the canonical resource?"""
+    if tool.authorize is not None:
+        tool.authorize(args, facts, principal)
+
+
+def assess_risk(
+    tool: Tool, args: Arguments, facts: Facts, principal: Principal
+) -> dict[str, Any] | None:
+    """Step 6: the server-computed impact when the call needs an approval, else ``None``."""
+    return tool.risk(args, facts, principal) if tool.risk is not None else None
 
 
 def schema_details(exc: ValidationError) -> list[dict[str, Any]]:

@@ -8,8 +8,10 @@ tool by name. Applications point workers and producers at their own registry wit
 from __future__ import annotations
 
 import importlib
+import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel
@@ -17,6 +19,30 @@ from pydantic import BaseModel
 from store.errors import ConfigurationError, ErrorCode, ToolError
 
 Kind = Literal["read", "write"]
+Arguments = BaseModel | dict[str, Any]  # a validated model, or a dict checked by JSON Schema
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who asks, from the server-trusted context of the turn. Never from model arguments."""
+
+    tenant_id: str
+    user_id: str
+    roles: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Facts:
+    """Server state a tool's policy reads before deciding (SPEC §3 steps 4–6).
+
+    ``canonical`` identifies the resource the call acts on (the payment behind an order, the
+    exact set of e-mails behind a query); it is part of the intent hash, so if it changes
+    after an approval, the approval no longer applies. ``state`` is what the rules check
+    (remaining refundable amount, owner tenant); it may change and is not part of the intent.
+    """
+
+    canonical: Mapping[str, Any] = field(default_factory=dict)
+    state: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -29,20 +55,91 @@ class ExecutionContext:
     idempotency_key: str
     fencing_token: int
     request_id: str
+    canonical: Mapping[str, Any] = field(default_factory=dict)
 
 
-Handler = Callable[[BaseModel, ExecutionContext], dict[str, Any]]
+Handler = Callable[[Any, ExecutionContext], dict[str, Any]]
+# Policy hooks. Only ``resolve`` may do I/O (a status lookup); the others are pure decisions
+# over the validated arguments, the facts and the principal, and raise ``ToolError``.
+# ``resolve`` also gets the operation's idempotency key, so a lookup after a crash gap can
+# count the operation's own earlier effect as part of its resource (not as someone else's).
+Resolver = Callable[[Any, Principal, str], Facts]
+BusinessRule = Callable[[Any, Facts], None]
+Authorizer = Callable[[Any, Facts, Principal], None]
+RiskPolicy = Callable[[Any, Facts, Principal], "dict[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class SideEffect:
+    """What running the tool does to the world (retry idempotency ≠ business idempotency)."""
+
+    idempotent: bool = True  # applying it twice means the same as once
+    reversible: bool = True
+
+
+READ_ONLY = SideEffect()
+
+
+@dataclass(frozen=True)
+class Downstream:
+    """What the tool's downstream offers against duplicates and stale owners (SPEC §7)."""
+
+    idempotency_keys: bool = False
+    fencing: bool = False
+    status_lookup: bool = False
+
+
+@dataclass(frozen=True)
+class ResultLimits:
+    """Caps applied to every result before a model sees it."""
+
+    max_string: int = 2_000
+    max_items: int = 100
+    max_depth: int = 6
 
 
 @dataclass(frozen=True)
 class Tool:
+    """A tool: data plus a handler and optional policy hooks.
+
+    ``arguments`` is a pydantic model (extra fields forbidden) or a JSON Schema object, for
+    tools discovered at run time (MCP). ``result`` is a pydantic model naming the fields a
+    model may see (unknown fields are dropped); without it the result passes as returned,
+    still redacted and capped. ``audit_field`` names the result field listing the resource
+    ids the call changed; the trace links each of them to the call.
+    """
+
     name: str
     description: str
-    arguments: type[BaseModel]
+    arguments: type[BaseModel] | Mapping[str, Any]
     kind: Kind
     handler: Handler
     version: str = "1"
     schema_version: str = "1"
+    effect: SideEffect = READ_ONLY
+    downstream: Downstream = Downstream()
+    result: type[BaseModel] | None = None
+    limits: ResultLimits = ResultLimits()
+    audit_field: str | None = None
+    resolve: Resolver | None = None
+    validate: BusinessRule | None = None
+    authorize: Authorizer | None = None
+    risk: RiskPolicy | None = None
+    policy_version: str = "1"
+
+    def parameters(self) -> dict[str, Any]:
+        """The arguments' JSON Schema, as a model is shown it."""
+        if isinstance(self.arguments, Mapping):
+            return dict(self.arguments)
+        return self.arguments.model_json_schema()
+
+    def definition(self) -> dict[str, Any]:
+        """Provider-neutral definition: ``{name, description, parameters}``."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters(),
+        }
 
 
 @dataclass(frozen=True)
@@ -52,14 +149,26 @@ class Registry:
 
     @classmethod
     def of(cls, tools: Iterable[Tool], allowlist: Mapping[str, Iterable[str]]) -> Registry:
-        by_name = {t.name: t for t in tools}
+        by_name: dict[str, Tool] = {}
+        for tool in tools:
+            if tool.name in by_name:
+                raise ConfigurationError(f"two tools are named {tool.name!r}")
+            by_name[tool.name] = tool
+        return cls(by_name, {}).with_allowlist(allowlist)
+
+    def with_allowlist(self, allowlist: Mapping[str, Iterable[str]]) -> Registry:
+        """The same tools with another role → tools allowlist (configuration)."""
+        roles: dict[str, frozenset[str]] = {}
         for role, names in allowlist.items():
-            unknown = set(names) - by_name.keys()
+            if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+                raise ConfigurationError(f"allowlist for role {role!r} must be a list of names")
+            unknown = set(names) - self.tools.keys()
             if unknown:
                 raise ConfigurationError(
                     f"allowlist for role {role!r} names unknown tools: {sorted(unknown)}"
                 )
-        return cls(by_name, {role: frozenset(names) for role, names in allowlist.items()})
+            roles[role] = frozenset(names)
+        return replace(self, allowlist=roles)
 
     def kind_of(self, tool_name: str) -> Kind:
         """Unknown tools count as reads: the gate rejects them before anything runs."""
@@ -78,9 +187,40 @@ class Registry:
             allowed |= self.allowlist.get(role, frozenset())
         return frozenset(allowed)
 
+    def definitions_for(self, roles: Iterable[str]) -> list[dict[str, Any]]:
+        """The tools a model acting for these roles may be shown: the allowlist, never more."""
+        allowed = self.allowed_for(roles)
+        return [t.definition() for name, t in sorted(self.tools.items()) if name in allowed]
 
-def load(spec: str | None) -> Registry:
-    """Load ``module:attribute``; the demo registry when ``spec`` is empty."""
+
+def load_allowlist(value: str) -> dict[str, list[str]]:
+    """``CALLGATE_ALLOWLIST``: a JSON object ``{role: [tool, …]}``, inline or in a file."""
+    text = value.strip()
+    source = "CALLGATE_ALLOWLIST"
+    if not text.startswith("{"):
+        path = Path(text)
+        try:
+            text = path.read_text()
+        except OSError as exc:
+            raise ConfigurationError(f"{source}={value!r}: cannot read file ({exc})") from None
+        source = f"{source} file {path}"
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ConfigurationError(f"{source} is not valid JSON: {exc.msg} at {exc.pos}") from None
+    if not isinstance(doc, dict) or not all(isinstance(v, list) for v in doc.values()):
+        raise ConfigurationError(f"{source} must be a JSON object {{role: [tool, ...]}}")
+    return doc
+
+
+def load(spec: str | None, allowlist: str | None = None) -> Registry:
+    """Load ``module:attribute``; the demo registry when ``spec`` is empty. ``allowlist``
+    (``CALLGATE_ALLOWLIST``), when given, replaces the registry's own role allowlists."""
+    registry = _load_registry(spec)
+    return registry.with_allowlist(load_allowlist(allowlist)) if allowlist else registry
+
+
+def _load_registry(spec: str | None) -> Registry:
     if not spec:
         from worker.demo.tools import demo_registry
 
@@ -96,3 +236,11 @@ def load(spec: str | None) -> Registry:
     if not isinstance(registry, Registry):
         raise ConfigurationError(f"CALLGATE_TOOLS={spec!r} is not a worker.registry.Registry")
     return registry
+
+
+def from_env(env: Mapping[str, str] | None = None) -> Registry:
+    """The registry named by ``CALLGATE_TOOLS``, with ``CALLGATE_ALLOWLIST`` applied."""
+    import os
+
+    env = os.environ if env is None else env
+    return load(env.get("CALLGATE_TOOLS") or None, env.get("CALLGATE_ALLOWLIST") or None)

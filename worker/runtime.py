@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import redis
@@ -30,7 +29,7 @@ class Runtime:
             engine=db.create(settings.require_database(), application_name="callgate-worker"),
             redis=connection,
             queue=transport.job_queue(connection, settings.queue),
-            registry=tool_registry.load(os.environ.get("CALLGATE_TOOLS")),
+            registry=tool_registry.from_env(),
         )
 
 

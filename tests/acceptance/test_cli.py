@@ -68,7 +68,10 @@ def test_submit_then_collect_as_json(stack, service_env, tmp_path: Path) -> None
     doc = json.loads(col.stdout)
     assert doc["turn_id"] == turn["turn_id"] and doc["complete"] is True and doc["pending"] == []
     ok, bad = doc["results"]
-    assert ok["call_id"] == "c-1" and ok["status"] == "succeeded" and ok["data"]["city"] == "Seoul"
+    assert ok["call_id"] == "c-1" and ok["status"] == "succeeded"
+    assert (
+        ok["data"]["content"]["city"] == "Seoul" and ok["data"]["trust"] == "untrusted_tool_output"
+    )
     assert bad["call_id"] == "c-2" and bad["status"] == "failed_terminal"
     assert bad["error"]["code"] == "invalid_arguments"
     assert bad["error"]["details"][0]["path"] == "/unit"

@@ -69,9 +69,9 @@ def test_a_parallel_reads_join_by_id_and_finish_near_the_slowest(producer, stack
         assert collected.complete and collected.pending == []
         assert [r.call_id for r in collected.results] == [f"call-{x}-{attempt}" for x in "ABC"]
         by_id = {r.call_id: r for r in collected.results}
-        assert by_id[f"call-A-{attempt}"].data["city"] == "Seoul"
-        assert by_id[f"call-B-{attempt}"].data["symbol"] == "NVDA"
-        assert by_id[f"call-C-{attempt}"].data["topic"] == "tech"
+        assert by_id[f"call-A-{attempt}"].data["content"]["city"] == "Seoul"
+        assert by_id[f"call-B-{attempt}"].data["content"]["symbol"] == "NVDA"
+        assert by_id[f"call-C-{attempt}"].data["content"]["topic"] == "tech"
         with engine.connect() as conn:
             from sqlalchemy import text
 
@@ -132,8 +132,8 @@ def test_c_worker_killed_in_the_crash_gap_still_succeeds_once(
     assert result.status == "succeeded"
     assert len(side_effects(engine, op)) == 1
     (refund_id,) = _refund_ids(engine)
-    assert result.data["refund_id"] == refund_id  # the first result, reused
-    assert result.data["replayed"] is True
+    assert result.data["content"]["refund_id"] == refund_id  # the first result, reused
+    assert result.data["content"]["replayed"] is True
     takeover = trace_events(engine, ref, "takeover")
     assert [e["generation"] for e in takeover] == [2]
 

@@ -16,7 +16,7 @@ from store.schema import SCHEMA, metadata
 
 pytestmark = pytest.mark.services
 
-EXPECTED_TABLES = {"turns", "operations", "calls", "outbox", "trace_events"}
+EXPECTED_TABLES = {"turns", "operations", "approvals", "calls", "outbox", "trace_events"}
 
 _COLUMNS = """
 SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
@@ -175,11 +175,11 @@ def test_upgrade_twice_is_a_no_op_at_head(migrated: Engine) -> None:
     assert catalog(migrated) == before
 
     head = ScriptDirectory.from_config(migrate.alembic_config(migrated)).get_current_head()
-    assert head == "0001"
+    assert head == "0002"
     with migrated.connect() as conn:
-        assert _current_revision(conn) == "0001"
+        assert _current_revision(conn) == "0002"
         rows = conn.execute(text(f"SELECT version_num FROM {SCHEMA}.alembic_version")).all()
-    assert [tuple(r) for r in rows] == [("0001",)]
+    assert [tuple(r) for r in rows] == [("0002",)]
 
 
 def test_upgrade_keeps_data(migrated: Engine) -> None:

@@ -11,7 +11,15 @@ from worker import gate
 from worker.demo.tools import READS, WRITES, demo_registry
 from worker.registry import Registry
 
-ALL_TOOLS = {"get_weather", "get_stock", "get_news", "refund_payment", "send_email"}
+ALL_TOOLS = {
+    "get_weather",
+    "get_stock",
+    "get_news",
+    "read_email",
+    "refund_payment",
+    "send_email",
+    "delete_emails",
+}
 
 
 @pytest.fixture(scope="module")
@@ -19,7 +27,7 @@ def registry() -> Registry:
     return demo_registry()
 
 
-def test_demo_registry_has_the_five_contract_tools(registry: Registry) -> None:
+def test_demo_registry_has_the_contract_tools(registry: Registry) -> None:
     assert set(registry.tools) == ALL_TOOLS
     assert {t for t in ALL_TOOLS if registry.tools[t].kind == "read"} == set(READS)
     assert {t for t in ALL_TOOLS if registry.tools[t].kind == "write"} == set(WRITES)

@@ -1,0 +1,302 @@
+"""Approval requests bound to an intent (SPEC §3 steps 6–7, §9).
+
+A call whose risk policy asks for approval is parked: no job, no reservation, no handler.
+Its request carries the server-computed impact, the operation, the intent hash and the
+policy version. An approver's decision applies to exactly that request:
+
+- ``settle``: one statement that finds the request matching (operation, intent, policy
+  version) or creates the next version of it, and parks the call when it is pending. A
+  request for another intent of the same operation is superseded, and calls still parked
+  on it end with ``idempotency_conflict`` (they asked for something else under this key).
+- ``approve``: pending → approved, and every call parked on it back to ``proposed`` and
+  marked dispatched; the caller enqueues them (if that is lost, the sweeper re-dispatches).
+  The resumed call runs the whole gate again, so a changed argument or canonical resource
+  computes another intent and the old approval does not apply (TOCTOU).
+- ``deny``: pending → denied, and every call parked on it ends ``approval_denied``.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from sqlalchemy import Engine, text
+
+from store import db
+from store.errors import ApprovalError, ErrorCode
+from store.reservations import FINISH_TAIL, Finished, result_body
+
+SETTLE_SQL = (
+    """
+WITH matching AS (
+    SELECT approval_id, version, state
+      FROM callgate.approvals
+     WHERE operation_id = :operation_id AND intent_hash = :intent_hash
+       AND policy_version = :policy_version AND state IN ('pending', 'approved', 'denied')
+     ORDER BY version DESC
+     LIMIT 1
+), superseded AS (
+    UPDATE callgate.approvals
+       SET state = 'superseded', decided_at = now()
+     WHERE operation_id = :operation_id AND state IN ('pending', 'approved')
+       AND NOT EXISTS (SELECT 1 FROM matching)
+    RETURNING approval_id
+), created AS (
+    INSERT INTO callgate.approvals (approval_id, operation_id, version, tool_name, tenant_id,
+                                    requested_by, intent_hash, policy_version, impact)
+    SELECT CAST(:new_id AS uuid), :operation_id,
+           coalesce((SELECT max(version) FROM callgate.approvals
+                      WHERE operation_id = :operation_id), 0) + 1,
+           :tool_name, :tenant_id, :requested_by, :intent_hash, :policy_version,
+           CAST(:impact AS jsonb)
+     WHERE NOT EXISTS (SELECT 1 FROM matching)
+    ON CONFLICT (operation_id, version) DO NOTHING
+    RETURNING approval_id, version, state
+), target AS (
+    SELECT approval_id, version, state FROM matching
+    UNION ALL
+    SELECT approval_id, version, state FROM created
+), parked AS (
+    UPDATE callgate.calls AS c
+       SET state = 'awaiting_approval', approval_id = target.approval_id
+      FROM target
+     WHERE c.id = :call_ref AND c.state = 'proposed' AND target.state = 'pending'
+    RETURNING c.id
+), parked_trace AS (
+    INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, detail)
+    SELECT CAST(:turn_id AS uuid), parked.id, :operation_id, 'approval_required',
+           CAST(:detail AS jsonb)
+           || jsonb_build_object('approval_id', target.approval_id, 'version', target.version)
+      FROM parked, target
+), finished AS (
+    UPDATE callgate.calls AS c
+       SET state = 'failed_terminal',
+           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+                    || CAST(:conflict_body AS jsonb),
+           completed_at = now()
+      FROM superseded
+     WHERE c.approval_id = superseded.approval_id AND c.state = 'awaiting_approval'
+       AND c.id <> :call_ref
+    RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
+)"""
+    + FINISH_TAIL
+    + """,
+       (SELECT approval_id FROM target LIMIT 1) AS approval_id,
+       (SELECT version FROM target LIMIT 1) AS version,
+       (SELECT state FROM target LIMIT 1) AS state,
+       (SELECT count(*) FROM parked) AS parked"""
+)
+
+APPROVE_SQL = """
+WITH decided AS (
+    UPDATE callgate.approvals
+       SET state = 'approved', decided_by = :by, decided_at = now()
+     WHERE approval_id = :approval_id AND state = 'pending'
+    RETURNING approval_id, version, operation_id
+), resumed AS (
+    UPDATE callgate.calls AS c
+       SET state = 'proposed', dispatched_at = now(), dispatches = c.dispatches + 1
+      FROM decided
+     WHERE c.approval_id = decided.approval_id AND c.state = 'awaiting_approval'
+    RETURNING c.id, c.turn_id, c.operation_id
+), traced AS (
+    INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, detail)
+    SELECT resumed.turn_id, resumed.id, resumed.operation_id, 'approval_granted',
+           jsonb_build_object('approval_id', decided.approval_id, 'version', decided.version,
+                              'by', CAST(:by AS text))
+      FROM resumed, decided
+)
+SELECT (SELECT count(*) FROM decided) AS decided,
+       (SELECT coalesce(array_agg(id), '{}') FROM resumed) AS resumed
+"""
+
+DENY_SQL = (
+    """
+WITH decided AS (
+    UPDATE callgate.approvals
+       SET state = 'denied', decided_by = :by, decided_at = now()
+     WHERE approval_id = :approval_id AND state = 'pending'
+    RETURNING approval_id, version
+), finished AS (
+    UPDATE callgate.calls AS c
+       SET state = 'failed_terminal',
+           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+                    || CAST(:body AS jsonb),
+           completed_at = now()
+      FROM decided
+     WHERE c.approval_id = decided.approval_id AND c.state = 'awaiting_approval'
+    RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
+)"""
+    + FINISH_TAIL
+    + ", (SELECT count(*) FROM decided) AS decided"
+)
+
+LIST_SQL = """
+SELECT a.approval_id, a.version, a.state, a.tool_name, a.tenant_id, a.requested_by,
+       a.operation_id, a.intent_hash, a.policy_version, a.impact, a.decided_by,
+       a.created_at, a.decided_at,
+       (SELECT coalesce(array_agg(c.call_id ORDER BY c.created_at), '{}')
+          FROM callgate.calls AS c WHERE c.approval_id = a.approval_id) AS call_ids
+  FROM callgate.approvals AS a
+ WHERE (CAST(:state AS text) IS NULL OR a.state = :state)
+   AND (CAST(:approval_id AS uuid) IS NULL OR a.approval_id = :approval_id)
+ ORDER BY a.created_at
+"""
+
+Verdict = Literal["pending", "approved", "denied"]
+
+
+@dataclass(frozen=True)
+class Settled:
+    """The request that now governs this intent, and whether this call was parked on it."""
+
+    approval_id: uuid.UUID | None
+    version: int
+    state: Verdict | None  # None: lost a race creating it; settle again
+    parked: bool
+    finished: Finished
+
+
+def settle(
+    engine: Engine,
+    *,
+    operation_id: str,
+    call_ref: uuid.UUID,
+    turn_id: uuid.UUID,
+    tool_name: str,
+    tenant_id: str,
+    requested_by: str,
+    intent_hash: str,
+    policy_version: str,
+    impact: dict[str, Any],
+    detail: dict[str, Any] | None = None,
+) -> Settled:
+    conflict = {
+        "code": ErrorCode.IDEMPOTENCY_CONFLICT.value,
+        "details": [
+            {
+                "code": "approval_superseded",
+                "message": "this operation now awaits approval for a different intent",
+            }
+        ],
+    }
+    with db.autocommit(engine) as conn:
+        row = conn.execute(
+            text(SETTLE_SQL),
+            {
+                "operation_id": operation_id,
+                "call_ref": call_ref,
+                "turn_id": turn_id,
+                "new_id": uuid.uuid4(),
+                "tool_name": tool_name,
+                "tenant_id": tenant_id,
+                "requested_by": requested_by,
+                "intent_hash": intent_hash,
+                "policy_version": policy_version,
+                "impact": json.dumps(impact),
+                "conflict_body": result_body("failed_terminal", conflict),
+                "event": "approval_superseded",
+                "generation": None,
+                "detail": json.dumps(detail or {}),
+            },
+        ).one()
+    return Settled(
+        approval_id=row.approval_id,
+        version=row.version or 0,
+        state=row.state,
+        parked=bool(row.parked),
+        finished=Finished(row.finished, list(row.successors)),
+    )
+
+
+def approve(engine: Engine, approval_id: str, *, by: str) -> list[uuid.UUID]:
+    """Grant a pending request. Returns the calls to enqueue again."""
+    ident = _parse_id(approval_id)
+    with db.autocommit(engine) as conn:
+        row = conn.execute(text(APPROVE_SQL), {"approval_id": ident, "by": _approver(by)}).one()
+    if not row.decided:
+        _explain(engine, ident)
+    return list(row.resumed)
+
+
+def deny(engine: Engine, approval_id: str, *, by: str) -> Finished:
+    """Refuse a pending request: every call parked on it ends ``approval_denied``."""
+    ident = _parse_id(approval_id)
+    body = result_body(
+        "failed_terminal",
+        {
+            "code": ErrorCode.APPROVAL_DENIED.value,
+            "details": [{"code": "denied", "message": "an approver denied this action"}],
+        },
+    )
+    with db.autocommit(engine) as conn:
+        row = conn.execute(
+            text(DENY_SQL),
+            {
+                "approval_id": ident,
+                "by": _approver(by),
+                "body": body,
+                "event": "approval_denied",
+                "generation": None,
+                "detail": json.dumps({"approval_id": str(ident), "by": by}),
+            },
+        ).one()
+    if not row.decided:
+        _explain(engine, ident)
+    return Finished(row.finished, list(row.successors))
+
+
+def requests(
+    engine: Engine, *, state: str | None = None, approval_id: str | None = None
+) -> list[dict[str, Any]]:
+    ident = _parse_id(approval_id) if approval_id else None
+    with db.autocommit(engine) as conn:
+        rows = conn.execute(text(LIST_SQL), {"state": state, "approval_id": ident}).mappings()
+        return [_jsonable(dict(r)) for r in rows]
+
+
+def show(engine: Engine, approval_id: str) -> dict[str, Any]:
+    found = requests(engine, approval_id=approval_id)
+    if not found:
+        raise ApprovalError(f"no approval request {approval_id}")
+    return found[0]
+
+
+def _explain(engine: Engine, ident: uuid.UUID) -> None:
+    found = requests(engine, approval_id=str(ident))
+    if not found:
+        raise ApprovalError(f"no approval request {ident}")
+    raise ApprovalError(
+        f"approval request {ident} is {found[0]['state']}, not pending; nothing changed",
+        code=ErrorCode.APPROVAL_NOT_PENDING,
+    )
+
+
+def _parse_id(approval_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(approval_id)
+    except ValueError:
+        raise ApprovalError(f"{approval_id!r} is not an approval id (expected a UUID)") from None
+
+
+def _approver(by: str) -> str:
+    if not by.strip():
+        raise ApprovalError(
+            "an approval needs the approver's name (--by USER)", code=ErrorCode.INVALID_INPUT
+        )
+    return by.strip()
+
+
+def _jsonable(row: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in row.items():
+        if isinstance(value, uuid.UUID):
+            value = str(value)
+        elif hasattr(value, "isoformat"):
+            value = value.isoformat(timespec="seconds")
+        elif isinstance(value, list):
+            value = [str(v) for v in value]
+        out[key] = value
+    return out
