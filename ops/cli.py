@@ -313,6 +313,123 @@ def trace_cmd(turn_or_call: str, as_json: bool) -> None:
     )
 
 
+# --- approvals and tools -----------------------------------------------------------------
+
+
+@cli.group("approvals")
+def approvals_group() -> None:
+    """List, show, approve or deny approval requests (SPEC §9).
+
+    A request shows the impact the server computed (never the model's summary) and is bound
+    to one intent: if the arguments or the canonical resource change, a new one is asked.
+    """
+
+
+@approvals_group.command("list")
+@click.option(
+    "--state",
+    type=click.Choice(["pending", "approved", "denied", "superseded", "all"]),
+    default="pending",
+    show_default=True,
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def approvals_list_cmd(state: str, as_json: bool) -> None:
+    """Approval requests, oldest first."""
+    from store import approvals
+
+    engine = db.create(_settings().require_database())
+    with db.translate_errors("approvals"):
+        found = approvals.requests(engine, state=None if state == "all" else state)
+    if as_json:
+        click.echo(json.dumps(found))
+        return
+    _table(
+        ["approval_id", "version", "state", "tool_name", "requested_by", "impact"],
+        [{**a, "impact": json.dumps(a["impact"])[:90]} for a in found],
+    )
+
+
+@approvals_group.command("show")
+@click.argument("approval_id")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def approvals_show_cmd(approval_id: str, as_json: bool) -> None:
+    """One request with its full server-computed impact."""
+    from store import approvals
+
+    engine = db.create(_settings().require_database())
+    with db.translate_errors("approvals"):
+        found = approvals.show(engine, approval_id)
+    if as_json:
+        click.echo(json.dumps(found))
+        return
+    for key, value in found.items():
+        if key == "impact":
+            click.echo("impact:")
+            for k, v in value.items():
+                click.echo(f"  {k}: {json.dumps(v)}")
+        else:
+            click.echo(f"{key}: {value}")
+
+
+_BY = click.option(
+    "--by",
+    "by",
+    envvar="CALLGATE_APPROVER",
+    required=True,
+    help="Who decides, recorded with the decision (env CALLGATE_APPROVER).",
+)
+
+
+@approvals_group.command("approve")
+@click.argument("approval_id")
+@_BY
+def approvals_approve_cmd(approval_id: str, by: str) -> None:
+    """Grant a pending request; its calls resume through the queue."""
+    from store import approvals, transport
+
+    settings = _settings()
+    engine = db.create(settings.require_database())
+    with db.translate_errors("approvals"):
+        resumed = approvals.approve(engine, approval_id, by=by)
+    if resumed:
+        queue = transport.job_queue(transport.connect(settings.require_redis()), settings.queue)
+        # If this enqueue is lost, the sweeper re-dispatches the resumed calls.
+        transport.enqueue_calls(queue, resumed, timeout=settings.job_timeout_seconds)
+    click.echo(f"approved {approval_id} by {by}; {len(resumed)} call(s) resumed")
+
+
+@approvals_group.command("deny")
+@click.argument("approval_id")
+@_BY
+def approvals_deny_cmd(approval_id: str, by: str) -> None:
+    """Refuse a pending request; its calls end with approval_denied."""
+    from store import approvals, transport
+
+    settings = _settings()
+    engine = db.create(settings.require_database())
+    with db.translate_errors("approvals"):
+        finished = approvals.deny(engine, approval_id, by=by)
+    if finished.successors:
+        queue = transport.job_queue(transport.connect(settings.require_redis()), settings.queue)
+        transport.enqueue_calls(queue, finished.successors, timeout=settings.job_timeout_seconds)
+    click.echo(f"denied {approval_id} by {by}; {finished.finished} call(s) ended approval_denied")
+
+
+@cli.command("tools")
+@click.option(
+    "--role",
+    "roles",
+    multiple=True,
+    required=True,
+    help="A role of the principal (repeatable). Only its allowlist is printed.",
+)
+def tools_cmd(roles: tuple[str, ...]) -> None:
+    """Print the tool definitions a model acting for these roles may be shown (JSON)."""
+    from worker import registry
+
+    click.echo(json.dumps(registry.from_env().definitions_for(roles), indent=2))
+
+
 # --- helpers -------------------------------------------------------------------------------
 
 

@@ -97,8 +97,8 @@ approvals = Table(
         "state IN ('pending', 'approved', 'denied', 'superseded')", name="approvals_state"
     ),
     CheckConstraint(
-        "(state IN ('approved', 'denied')) = (decided_by IS NOT NULL)",
-        name="approvals_decided_by_iff_decided",
+        "state NOT IN ('approved', 'denied') OR decided_by IS NOT NULL",
+        name="approvals_decided_has_approver",
     ),
 )
 Index("approvals_pending", approvals.c.created_at, postgresql_where=text("state = 'pending'"))

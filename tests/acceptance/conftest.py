@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -87,3 +90,51 @@ def trace_events(engine: Engine, call_ref: str, event: str | None = None) -> lis
             {"r": call_ref, "e": event},
         ).mappings()
         return [dict(r) for r in rows]
+
+
+def callgate(
+    *args: str, env: dict[str, str] | None = None, stdin: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    """Run the CLI as a user does: a subprocess, its output and exit code."""
+    return subprocess.run(
+        [sys.executable, "-m", "ops.cli", *args],
+        env={**os.environ, **(env or {})},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+def requests_for(engine: Engine, idempotency_key: str) -> int:
+    """Write requests the downstream received for one key: handler invocations that ran."""
+    return int(
+        scalar(
+            engine,
+            "SELECT count(*) FROM downstream.requests WHERE idempotency_key = :k",
+            k=idempotency_key,
+        )
+    )
+
+
+def effects_for(engine: Engine, idempotency_key: str) -> int:
+    return int(
+        scalar(
+            engine,
+            "SELECT count(*) FROM downstream.side_effects WHERE idempotency_key = :k",
+            k=idempotency_key,
+        )
+    )
+
+
+def call_row(engine: Engine, ref: str) -> dict[str, Any]:
+    with engine.connect() as conn:
+        row = (
+            conn.execute(
+                text("SELECT state, result, approval_id FROM callgate.calls WHERE id = :r"),
+                {"r": ref},
+            )
+            .mappings()
+            .one()
+        )
+    return dict(row)

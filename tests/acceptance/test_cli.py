@@ -3,27 +3,30 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.acceptance.conftest import SUPPORT_A
+from tests.acceptance.conftest import SUPPORT_A, callgate
 
-COMMANDS = ["demo", "up", "migrate", "worker", "relayer", "sweeper", "submit", "collect", "trace"]
-
-
-def callgate(*args: str, env: dict[str, str] | None = None, stdin: str | None = None):
-    return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
-        env={**os.environ, **(env or {})},
-        input=stdin,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+COMMANDS = [
+    "demo",
+    "up",
+    "migrate",
+    "worker",
+    "relayer",
+    "sweeper",
+    "submit",
+    "collect",
+    "trace",
+    "tools",
+    "approvals",
+    "approvals list",
+    "approvals show",
+    "approvals approve",
+    "approvals deny",
+]
 
 
 def _one_clear_line(proc: subprocess.CompletedProcess[str], code: str) -> None:
@@ -35,7 +38,7 @@ def _one_clear_line(proc: subprocess.CompletedProcess[str], code: str) -> None:
 
 @pytest.mark.parametrize("command", COMMANDS)
 def test_every_command_has_help(command: str) -> None:
-    proc = callgate(command, "--help")
+    proc = callgate(*command.split(), "--help")
     assert proc.returncode == 0 and "Usage: callgate" in proc.stdout
 
 

@@ -43,8 +43,8 @@ def upgrade() -> None:
             "state IN ('pending', 'approved', 'denied', 'superseded')", name="approvals_state"
         ),
         sa.CheckConstraint(
-            "(state IN ('approved', 'denied')) = (decided_by IS NOT NULL)",
-            name="approvals_decided_by_iff_decided",
+            "state NOT IN ('approved', 'denied') OR decided_by IS NOT NULL",
+            name="approvals_decided_has_approver",
         ),
         schema=S,
     )
