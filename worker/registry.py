@@ -197,7 +197,7 @@ def load_allowlist(value: str) -> dict[str, list[str]]:
     """``CALLGATE_ALLOWLIST``: a JSON object ``{role: [tool, …]}``, inline or in a file."""
     text = value.strip()
     source = "CALLGATE_ALLOWLIST"
-    if not text.startswith("{"):
+    if not text.startswith(("{", "[")):
         path = Path(text)
         try:
             text = path.read_text()
