@@ -286,8 +286,14 @@ def collect_cmd(turn_id: str, timeout: float, as_json: bool) -> None:
         }
         for r in doc["results"]
     ]
+    waiting = doc["awaiting_approval"]
     rows += [
-        {"call_id": c, "tool_name": "", "status": "pending", "data | error": ""}
+        {
+            "call_id": c,
+            "tool_name": "",
+            "status": "awaiting_approval" if c in waiting else "pending",
+            "data | error": f"callgate approvals show {waiting[c]}" if c in waiting else "",
+        }
         for c in doc["pending"]
     ]
     _table(["call_id", "tool_name", "status", "data | error"], rows)

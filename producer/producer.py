@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -35,6 +35,8 @@ class Collected:
     complete: bool
     results: list[Result]
     pending: list[str]
+    # Pending calls parked for a person's decision: call id → approval id.
+    awaiting_approval: dict[str, str] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -42,6 +44,7 @@ class Collected:
             "complete": self.complete,
             "results": [r.model_dump(mode="json", exclude_none=True) for r in self.results],
             "pending": self.pending,
+            "awaiting_approval": self.awaiting_approval,
         }
 
 
@@ -153,11 +156,16 @@ class Producer:
                 with db.translate_errors("collect"):
                     fan.add_all(turns.load_state(self.engine, turn_id).results)
                 next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
+        awaiting: dict[str, str] = {}
+        if not fan.complete:
+            with db.translate_errors("collect"):
+                awaiting = turns.awaiting_approval(self.engine, state.turn_id)
         return Collected(
             turn_id=str(state.turn_id),
             complete=fan.complete,
             results=fan.ordered(),
             pending=fan.pending,
+            awaiting_approval={c: a for c, a in awaiting.items() if c in fan.pending},
         )
 
     def close(self) -> None:

@@ -226,6 +226,17 @@ def load_state(engine: Engine, turn_id: str) -> TurnState:
     )
 
 
+def awaiting_approval(engine: Engine, turn_id: uuid.UUID) -> dict[str, str]:
+    """The turn's calls parked for an approval: call id → approval id."""
+    with db.autocommit(engine) as conn:
+        rows = conn.execute(
+            select(calls.c.call_id, calls.c.approval_id).where(
+                calls.c.turn_id == turn_id, calls.c.state == "awaiting_approval"
+            )
+        ).all()
+    return {r.call_id: str(r.approval_id) for r in rows}
+
+
 def operation_rows(engine: Engine, operation_ids: Sequence[str]) -> list[dict[str, Any]]:
     with engine.connect() as conn:
         rows = conn.execute(

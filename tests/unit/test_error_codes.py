@@ -1,0 +1,27 @@
+"""Every stable error code is documented, and classified terminal or retryable."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from store.errors import RETRYABLE_CODES, CallgateError, ErrorCode, ToolError
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_every_code_is_in_the_readme_table() -> None:
+    text = README.read_text()
+    missing = [c.value for c in ErrorCode if f"`{c.value}`" not in text]
+    assert missing == []
+
+
+def test_retryable_codes_are_exactly_the_transient_ones() -> None:
+    assert {c.value for c in RETRYABLE_CODES} == {
+        "upstream_unavailable",
+        "operation_in_progress",
+        "database_unavailable",
+        "redis_unavailable",
+    }
+    assert ToolError("x", code=ErrorCode.UPSTREAM_UNAVAILABLE).retryable
+    for code in ("approval_denied", "repeated_call", "budget_exceeded", "reconciliation_pending"):
+        assert not CallgateError("x", code=ErrorCode(code)).retryable
