@@ -1,0 +1,154 @@
+"""Provider adapters: one per API surface, never one per company (SPEC §2, seed §3.5, §9.1).
+
+An adapter only translates. It turns a surface's response into ``ProposedCall``s, turns
+correlated results back into that surface's tool-result message, and renders tool
+definitions in the surface's schema form. Authorization, approval and idempotency stay with
+the gate and the executor. Everything here is pure: no I/O, no SDK imports (SDK response
+objects are read through their ``model_dump``).
+
+    from producer.adapters import read_proposals, write_results, tool_definitions
+
+    calls = read_proposals("anthropic-messages", message, known_tools={"get_weather"})
+    ...
+    reply = write_results("anthropic-messages", calls, results)  # a user message
+
+Every refusal is an ``AdapterError`` whose ``code`` is a stable ``ErrorCode`` value: the
+SPEC §2 inbound codes, the SPEC §4 correlation codes, ``unsupported_surface``, and
+``invalid_configuration``/``invalid_input`` for bad tool definitions or proposals given to
+``tool_definitions``/``write_results``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from producer.adapters import (
+    anthropic_messages,
+    gemini_generate_content,
+    gemini_interactions,
+    openai_chat,
+    openai_responses,
+    streaming,
+)
+from producer.adapters.base import AdapterCorrelationError, AdapterError, fail, to_plain
+from producer.adapters.definitions import ToolSpec, specs
+from producer.adapters.results import Result, as_proposals, correlate
+from store.errors import ErrorCode
+from store.types import ProposedCall
+
+__all__ = [
+    "SURFACES",
+    "AdapterCorrelationError",
+    "AdapterError",
+    "Envelope",
+    "read_proposals",
+    "read_stream",
+    "tool_definitions",
+    "write_results",
+]
+
+# A surface's result message: a list of messages/items, or one message object.
+Envelope = list[dict[str, Any]] | dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _Surface:
+    read: Callable[[object, frozenset[str]], list[ProposedCall]]
+    write: Callable[[list[ProposedCall], list[Result]], Envelope]
+    tools: Callable[[list[ToolSpec]], list[dict[str, Any]]]
+
+
+_ADAPTERS: dict[str, _Surface] = {
+    "openai-chat": _Surface(openai_chat.read, openai_chat.write, openai_chat.tools),
+    "openai-responses": _Surface(
+        openai_responses.read, openai_responses.write, openai_responses.tools
+    ),
+    "anthropic-messages": _Surface(
+        anthropic_messages.read, anthropic_messages.write, anthropic_messages.tools
+    ),
+    "gemini-generate-content": _Surface(
+        gemini_generate_content.read, gemini_generate_content.write, gemini_generate_content.tools
+    ),
+    "gemini-interactions": _Surface(
+        gemini_interactions.read, gemini_interactions.write, gemini_interactions.tools
+    ),
+}
+
+SURFACES: tuple[str, ...] = tuple(_ADAPTERS)
+
+
+def _adapter(surface: str) -> _Surface:
+    adapter = _ADAPTERS.get(surface) if isinstance(surface, str) else None
+    if adapter is None:
+        fail(
+            ErrorCode.UNSUPPORTED_SURFACE,
+            f"unknown API surface {surface!r}; expected one of {', '.join(SURFACES)}",
+        )
+    return adapter
+
+
+def read_proposals(
+    surface: str, response: object, known_tools: Collection[str]
+) -> list[ProposedCall]:
+    """The tool calls a model proposed in one ``surface`` response, in the model's order.
+
+    ``response`` is the parsed JSON body (a dict), its JSON text, or the official SDK's
+    response object. A final answer with no calls gives ``[]``. Every SPEC §2 fault raises an
+    ``AdapterError`` before anything is returned: ``invalid_provider_envelope``,
+    ``missing_tool_calls``, ``malformed_tool_calls``, ``invalid_arguments_json``,
+    ``duplicate_call_id``, ``unknown_tool`` (a name not in ``known_tools`` after the
+    reverse name mapping of ``producer.adapters.names``), ``invalid_tool_call_field``.
+    Arguments come back as a parsed JSON object.
+    """
+    adapter = _adapter(surface)
+    return adapter.read(to_plain(response), frozenset(known_tools))
+
+
+def read_stream(
+    surface: str, events: Iterable[object], known_tools: Collection[str]
+) -> list[ProposedCall]:
+    """The same proposals as ``read_proposals``, from a stream's chunks or events.
+
+    Supported: ``openai-chat``, ``anthropic-messages``, ``openai-responses`` and
+    ``gemini-generate-content`` (see ``producer.adapters.streaming``); other surfaces raise
+    ``unsupported_surface``. Arguments that reassemble to invalid JSON raise
+    ``invalid_arguments_json``; a stream that stops before its stop signal is refused.
+    """
+    _adapter(surface)
+    return streaming.read_stream(surface, events, frozenset(known_tools))
+
+
+def write_results(surface: str, proposals: Iterable[object], results: Iterable[object]) -> Envelope:
+    """The ``surface``'s own tool-result message for a turn's results.
+
+    First asserts complete correlation (SPEC §4) — each result matches exactly one proposal
+    by ``call_id`` with the same ``tool_name``, every proposal has exactly one terminal
+    result — and raises ``AdapterCorrelationError`` (``missing_result``, ``duplicate_result``,
+    ``extra_result``, ``tool_name_mismatch``, ``non_terminal_result``) otherwise. Results
+    may be ``Succeeded``/``FailedRetryable``/``FailedTerminal`` values or plain dicts. Each
+    result's body is ``{"status", "data"}`` or ``{"status", "error": {"code", "details",
+    "retry_after_ms"}}``, so a failure keeps its code and safe details.
+
+    Shapes: openai-chat a list of ``role: tool`` messages; openai-responses a list of
+    ``function_call_output`` items; anthropic-messages one ``user`` message of
+    ``tool_result`` blocks (``is_error`` on failures); gemini-generate-content one ``user``
+    content of ``functionResponse`` parts; gemini-interactions ``{"input": [function_result
+    ...]}``. Items follow the caller's order, except on Gemini when a call had no provider
+    id: then the model's call order, which Gemini matches by position.
+    """
+    adapter = _adapter(surface)
+    calls = as_proposals(proposals)
+    return adapter.write(calls, correlate(calls, results))
+
+
+def tool_definitions(surface: str, tools: Iterable[object]) -> list[dict[str, Any]]:
+    """``tools`` in ``surface``'s tool-schema form.
+
+    Each tool is a mapping or an object with ``name``, ``description`` and ``parameters`` (a
+    JSON Schema for an object; an object with a pydantic ``arguments`` model works too).
+    Names the surface does not accept are encoded reversibly (``producer.adapters.names``);
+    ``read_proposals`` maps them back.
+    """
+    return _adapter(surface).tools(specs(tools))

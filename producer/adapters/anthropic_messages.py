@@ -1,0 +1,80 @@
+"""Anthropic Messages: ``tool_use`` content blocks in, ``tool_result`` blocks out.
+
+Text and thinking blocks beside tool blocks are skipped, never allowed to hide them.
+``server_tool_use`` and the other provider-run blocks (web search, code execution, MCP
+connector) are the provider's to execute and are skipped. A ``tool_use`` the model made from
+inside code execution (``caller.type`` other than ``direct``) still waits for an application
+result, so it is read like any other. ``stop_reason: tool_use`` with no ``tool_use`` block is
+``missing_tool_calls``. Results go back as one ``user`` message; failures set ``is_error``.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from producer.adapters import names
+from producer.adapters.base import arr, fail, obj, proposal, unique
+from producer.adapters.definitions import ToolSpec
+from producer.adapters.results import Result, body_text, is_error
+from store.errors import ErrorCode
+from store.types import ProposedCall
+
+SURFACE = "anthropic-messages"
+_decode = partial(names.tool_name, SURFACE)
+
+
+def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
+    """Every ``tool_use`` block of the message, in content order."""
+    root = obj(response, ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response", "$")
+    if root.get("type") == "error" or root.get("error") is not None:
+        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response is an API error", "error")
+    content = arr(root.get("content"), ErrorCode.INVALID_PROVIDER_ENVELOPE, "content", "content")
+    proposals: list[ProposedCall] = []
+    for index, raw in enumerate(content):
+        at = f"content[{index}]"
+        block = obj(raw, ErrorCode.MALFORMED_TOOL_CALLS, "a content block", at)
+        if block.get("type") != "tool_use":
+            continue
+        if "input" not in block:
+            fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "a tool_use block has no input", f"{at}.input")
+        proposals.append(
+            proposal(
+                block.get("id"),
+                block.get("name"),
+                block.get("input"),
+                path=at,
+                known_tools=known_tools,
+                decode_name=_decode,
+            )
+        )
+    if root.get("stop_reason") == "tool_use" and not proposals:
+        fail(ErrorCode.MISSING_TOOL_CALLS, "stop_reason is tool_use but no tool_use block")
+    return unique(proposals)
+
+
+def write(proposals: list[ProposedCall], results: list[Result]) -> dict[str, Any]:
+    """One ``user`` message holding a ``tool_result`` block per result."""
+    return {
+        "role": "user",
+        "content": [
+            {
+                "type": "tool_result",
+                "tool_use_id": result.call_id,
+                "is_error": is_error(result),
+                "content": body_text(result),
+            }
+            for result in results
+        ],
+    }
+
+
+def tools(specs: list[ToolSpec]) -> list[dict[str, Any]]:
+    return [
+        {
+            "name": names.wire_name(SURFACE, spec.name),
+            "description": spec.description,
+            "input_schema": spec.parameters,
+        }
+        for spec in specs
+    ]

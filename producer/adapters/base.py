@@ -1,0 +1,211 @@
+"""What every surface adapter shares: the error type, JSON narrowing, and building proposals.
+
+Pure: no I/O. Provider payloads are untrusted input, so every reader narrows ``object`` to
+the shape it needs through these helpers, and every failure is an ``AdapterError`` with a
+stable SPEC §2 code. Nothing else may escape a reader (a fuzz test holds us to that).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, NoReturn
+
+from pydantic import ValidationError
+
+from store.errors import CallgateError, CorrelationError, ErrorCode
+from store.types import ProposedCall
+
+# Bounds on what we will walk. Provider payloads nest a few levels; anything deeper is hostile.
+MAX_JSON_DEPTH = 64
+# ProposedCall's own limits (store/types.py); checked here so they surface as adapter errors.
+MAX_ID_LENGTH = 200
+MAX_NAME_LENGTH = 200
+
+
+class AdapterError(CallgateError):
+    """A provider envelope, stream or result set callgate refuses. ``code`` is stable."""
+
+    code = ErrorCode.INVALID_PROVIDER_ENVELOPE
+
+
+class AdapterCorrelationError(AdapterError, CorrelationError):
+    """Results do not match proposals one to one (SPEC §4), found while serialising.
+
+    Both an ``AdapterError`` (what the adapter entry points raise) and a ``CorrelationError``
+    (what fan-in raises for the same fault), so either ``except`` clause catches it.
+    """
+
+    code = ErrorCode.MISSING_RESULT
+
+
+def fail(code: ErrorCode, message: str, path: str | None = None) -> NoReturn:
+    """Raise an AdapterError; ``path`` points at the offending field, never at its value."""
+    details = [{"code": str(code), "path": path}] if path else None
+    raise AdapterError(message, code=code, details=details)
+
+
+def show(value: object, limit: int = 64) -> str:
+    """A bounded repr for messages: names and ids only, never argument values."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def to_plain(value: object) -> object:
+    """Turn an SDK response object into plain JSON data; pass plain data through.
+
+    The official SDKs (openai, anthropic, google-genai) all hand out pydantic models. We call
+    their ``model_dump`` by duck typing so this package never imports an SDK. ``by_alias``
+    gives the wire spelling (google-genai's models alias snake_case fields to camelCase).
+    Text or bytes are parsed as JSON, for callers holding a raw HTTP body.
+    """
+    if isinstance(value, str | bytes | bytearray):
+        try:
+            return json.loads(value, parse_constant=_reject_constant)
+        except (ValueError, RecursionError):
+            fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response text is not JSON")
+    dump = getattr(value, "model_dump", None)
+    if callable(dump) and not isinstance(value, type):
+        try:
+            return dump(mode="json", by_alias=True, exclude_none=True)
+        except Exception as exc:  # an SDK's own serialiser failing is its envelope's fault
+            raise AdapterError(
+                f"could not read the {type(value).__name__} object as JSON",
+                code=ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            ) from exc
+    return value
+
+
+def _reject_constant(name: str) -> NoReturn:
+    # json.loads accepts NaN and Infinity by default; they are not JSON and not arguments.
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def obj(value: object, code: ErrorCode, what: str, path: str) -> dict[str, object]:
+    """``value`` as a JSON object with string keys, or an AdapterError with ``code``."""
+    if isinstance(value, Mapping) and all(isinstance(k, str) for k in value):
+        return dict(value)
+    fail(code, f"{what} is not a JSON object", path)
+
+
+def arr(value: object, code: ErrorCode, what: str, path: str) -> list[object]:
+    """``value`` as a JSON array (a list or tuple), or an AdapterError with ``code``."""
+    if isinstance(value, list | tuple):
+        return list(value)
+    fail(code, f"{what} is not a JSON array", path)
+
+
+def text(value: object, what: str, path: str, max_length: int) -> str:
+    """A non-empty string field of a tool call."""
+    if not isinstance(value, str) or not value:
+        fail(
+            ErrorCode.INVALID_TOOL_CALL_FIELD, f"{what} is missing or not a non-empty string", path
+        )
+    if len(value) > max_length:
+        fail(ErrorCode.INVALID_TOOL_CALL_FIELD, f"{what} is longer than {max_length}", path)
+    return value
+
+
+def get(root: Mapping[str, object], *keys: str) -> object:
+    """The first of ``keys`` present and not null (Gemini speaks camelCase and snake_case)."""
+    for key in keys:
+        value = root.get(key)
+        if value is not None:
+            return value
+    return None
+
+
+def check_json(value: object, path: str, depth: int = 0) -> None:
+    """Arguments must be plain JSON: string keys, finite numbers, bounded depth.
+
+    A plain dict handed to us by an application can hold anything (tuples, NaN, sets); the
+    gate, the intent hash and the database all assume JSON, so refuse it here.
+    """
+    if depth > MAX_JSON_DEPTH:
+        fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "arguments nest too deeply", path)
+    if value is None or isinstance(value, bool | int | str):
+        return
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "arguments hold a non-finite number", path)
+        return
+    if isinstance(value, list):
+        for item in value:
+            check_json(item, path, depth + 1)
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "arguments hold a non-string key", path)
+            check_json(item, path, depth + 1)
+        return
+    fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "arguments hold a value that is not JSON", path)
+
+
+def arguments(raw: object, path: str, *, missing_is_empty: bool = False) -> dict[str, Any]:
+    """Parse a call's arguments into a JSON object.
+
+    Text arguments (OpenAI always, Anthropic while streaming) must decode to a JSON *object*:
+    anything else is ``invalid_arguments_json`` — the model's next move is the same, emit a
+    valid arguments object. Structured arguments (Anthropic ``input``, Gemini ``args``) of the
+    wrong type are an envelope fault: ``invalid_tool_call_field``.
+    """
+    if raw is None and missing_is_empty:
+        return {}
+    if isinstance(raw, str):
+        try:
+            parsed = json.loads(raw, parse_constant=_reject_constant)
+        except ValueError as exc:
+            fail(ErrorCode.INVALID_ARGUMENTS_JSON, f"arguments are not valid JSON ({exc})", path)
+        except RecursionError:
+            fail(ErrorCode.INVALID_ARGUMENTS_JSON, "arguments nest too deeply to parse", path)
+        if not isinstance(parsed, dict):
+            fail(
+                ErrorCode.INVALID_ARGUMENTS_JSON,
+                f"arguments decode to a JSON {type(parsed).__name__}, not an object",
+                path,
+            )
+        raw = parsed
+    if not isinstance(raw, Mapping):
+        fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "arguments are not a JSON object", path)
+    result = dict(raw)
+    check_json(result, path)
+    return result
+
+
+def proposal(
+    call_id: object,
+    wire_name: object,
+    raw_arguments: object,
+    *,
+    path: str,
+    known_tools: Collection[str],
+    decode_name: Callable[[str], str | None],
+    missing_arguments_is_empty: bool = False,
+) -> ProposedCall:
+    """One ProposedCall, checked in the seed's order: name, known tool, arguments, id."""
+    name = text(wire_name, "tool name", f"{path}.name", max_length=10_000)
+    tool_name = decode_name(name)
+    if tool_name is None or tool_name not in known_tools:
+        fail(ErrorCode.UNKNOWN_TOOL, f"the model called an unknown tool {show(name)}", path)
+    args = arguments(
+        raw_arguments, f"{path}.arguments", missing_is_empty=missing_arguments_is_empty
+    )
+    checked_id = text(call_id, "call id", f"{path}.id", MAX_ID_LENGTH)
+    try:
+        return ProposedCall(call_id=checked_id, tool_name=tool_name, arguments=args)
+    except ValidationError as exc:  # the limits above should make this unreachable
+        raise AdapterError(
+            "the tool call does not fit a proposal", code=ErrorCode.INVALID_TOOL_CALL_FIELD
+        ) from exc
+
+
+def unique(calls: list[ProposedCall]) -> list[ProposedCall]:
+    """Refuse a response that proposes two calls under one id: results could not be told apart."""
+    seen: set[str] = set()
+    for call in calls:
+        if call.call_id in seen:
+            fail(ErrorCode.DUPLICATE_CALL_ID, f"two tool calls share the id {show(call.call_id)}")
+        seen.add(call.call_id)
+    return calls

@@ -1,0 +1,135 @@
+"""Gemini GenerateContent: ``functionCall`` parts in, ``functionResponse`` parts out.
+
+Reads the REST spelling (camelCase) and the snake_case a google-genai object dumps to.
+Parts that are text or thoughts are skipped, never allowed to hide the calls. Gemini has no
+tool-call stop signal, but ``finishReason`` ``MALFORMED_FUNCTION_CALL`` or
+``UNEXPECTED_TOOL_CALL`` means the model tried to call and failed: ``malformed_tool_calls``.
+A candidate with no content parts is a final answer only when ``finishReason`` says why
+(safety, recitation, max tokens …); otherwise the envelope is refused. Exactly one candidate
+is read (with ``candidateCount > 1``, pass the response holding the one you continue with).
+
+Calls without an ``id`` get stable synthetic ids (see ``gemini_ids``). This surface shares no
+fields with Gemini Interactions.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from producer.adapters import gemini_ids, names
+from producer.adapters.base import arr, fail, get, obj, proposal, unique
+from producer.adapters.definitions import ToolSpec
+from producer.adapters.results import Result, body
+from store.errors import ErrorCode
+from store.types import ProposedCall
+
+SURFACE = "gemini-generate-content"
+_decode = partial(names.tool_name, SURFACE)
+_FAILED_CALL = ("MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL")
+
+
+def _parts(root: dict[str, object]) -> list[object] | None:
+    """The one candidate's parts, or None for a final answer that has no content."""
+    if root.get("error") is not None:
+        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response is an API error", "error")
+    if root.get("candidates") is None:
+        fail(
+            ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            "no candidates: the prompt was blocked or this is not a GenerateContent response",
+            "candidates",
+        )
+    candidates = arr(
+        root["candidates"], ErrorCode.INVALID_PROVIDER_ENVELOPE, "candidates", "candidates"
+    )
+    if len(candidates) != 1:
+        fail(
+            ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            f"the response has {len(candidates)} candidates; pass one candidate to continue",
+            "candidates",
+        )
+    candidate = obj(
+        candidates[0], ErrorCode.INVALID_PROVIDER_ENVELOPE, "a candidate", "candidates[0]"
+    )
+    finish = get(candidate, "finishReason", "finish_reason")
+    if finish in _FAILED_CALL:
+        fail(ErrorCode.MALFORMED_TOOL_CALLS, f"the model's function call failed ({finish})")
+    content = candidate.get("content")
+    parts = get(content, "parts") if isinstance(content, dict) else None
+    if parts is None:
+        if isinstance(finish, str) and finish not in ("STOP", "FINISH_REASON_UNSPECIFIED"):
+            return None
+        fail(
+            ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            "the candidate has no content parts and no finishReason explaining why",
+            "candidates[0].content",
+        )
+    return arr(parts, ErrorCode.MALFORMED_TOOL_CALLS, "parts", "candidates[0].content.parts")
+
+
+def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
+    """Every ``functionCall`` part of the candidate, in part order."""
+    root = obj(response, ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response", "$")
+    parts = _parts(root)
+    if parts is None:
+        return []
+    proposals: list[ProposedCall] = []
+    for index, raw in enumerate(parts):
+        at = f"candidates[0].content.parts[{index}]"
+        part = obj(raw, ErrorCode.MALFORMED_TOOL_CALLS, "a part", at)
+        raw_call = get(part, "functionCall", "function_call")
+        if raw_call is None:
+            continue
+        at += ".functionCall"
+        call = obj(raw_call, ErrorCode.MALFORMED_TOOL_CALLS, "functionCall", at)
+        if get(call, "partialArgs", "partial_args") is not None:
+            fail(
+                ErrorCode.INVALID_TOOL_CALL_FIELD,
+                "streamed partial arguments are not supported; pass the completed call",
+                f"{at}.partialArgs",
+            )
+        call_id = call.get("id")
+        if call_id is None or call_id == "":
+            call_id = gemini_ids.pending_id(len(proposals))
+        proposals.append(
+            proposal(
+                call_id,
+                call.get("name"),
+                call.get("args"),
+                path=at,
+                known_tools=known_tools,
+                decode_name=_decode,
+                missing_arguments_is_empty=True,  # a call with no parameters omits args
+            )
+        )
+    return unique(gemini_ids.assign(proposals))
+
+
+def write(proposals: list[ProposedCall], results: list[Result]) -> dict[str, Any]:
+    """One ``user`` content with a ``functionResponse`` part per result.
+
+    ``response`` is the result body as an object (Gemini's field is a JSON object, not text);
+    a result for a synthetic id carries no ``id`` and follows the model's call order.
+    """
+    parts: list[dict[str, Any]] = []
+    for result in gemini_ids.in_expected_order(proposals, results):
+        response: dict[str, Any] = {}
+        if not gemini_ids.is_synthetic(result.call_id):
+            response["id"] = result.call_id
+        response["name"] = names.wire_name(SURFACE, result.tool_name, check_length=False)
+        response["response"] = body(result)
+        parts.append({"functionResponse": response})
+    return {"role": "user", "parts": parts}
+
+
+def tools(specs: list[ToolSpec]) -> list[dict[str, Any]]:
+    """One Tool holding every declaration; ``parametersJsonSchema`` takes full JSON Schema."""
+    declarations = [
+        {
+            "name": names.wire_name(SURFACE, spec.name),
+            "description": spec.description,
+            "parametersJsonSchema": spec.parameters,
+        }
+        for spec in specs
+    ]
+    return [{"functionDeclarations": declarations}] if declarations else []

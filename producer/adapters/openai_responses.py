@@ -1,0 +1,116 @@
+"""OpenAI Responses: ``output[]`` ``function_call`` items in, ``function_call_output`` out.
+
+Correlation is by ``call_id`` (an item's ``id`` is the item's own id, not the call's). Items
+callgate does not run are skipped: messages, reasoning, and provider-hosted tool calls
+(web search, file search, code interpreter, MCP …). Items that *do* wait for an application
+result but are not JSON-Schema functions (custom, computer, shell, apply-patch calls, MCP
+approval requests, client-side tool search) are refused by name with
+``invalid_tool_call_field`` rather than dropped: dropping them would leave the conversation
+waiting for an output that never comes. A call already answered by an ``*_output`` item in
+the same output is not proposed again. A ``function_call`` cut off mid-generation
+(``status: incomplete``) is refused, never executed.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from producer.adapters import names
+from producer.adapters.base import arr, fail, obj, proposal, show, unique
+from producer.adapters.definitions import ToolSpec
+from producer.adapters.results import Result, body_text
+from store.errors import ErrorCode
+from store.types import ProposedCall
+
+SURFACE = "openai-responses"
+_decode = partial(names.tool_name, SURFACE)
+
+# Output items that wait for an application-side result callgate cannot produce.
+_REFUSED = frozenset(
+    {
+        "custom_tool_call",
+        "computer_call",
+        "local_shell_call",
+        "shell_call",
+        "apply_patch_call",
+        "mcp_approval_request",
+    }
+)
+
+
+def _answered(items: list[object]) -> set[str]:
+    answered: set[str] = set()
+    for item in items:
+        if isinstance(item, dict) and str(item.get("type")).endswith("_output"):
+            call_id = item.get("call_id")
+            if isinstance(call_id, str):
+                answered.add(call_id)
+    return answered
+
+
+def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
+    """Every unanswered ``function_call`` item of the response, in output order."""
+    root = obj(response, ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response", "$")
+    if root.get("error") is not None or root.get("status") == "failed":
+        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response failed", "error")
+    if "output" not in root:
+        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "not a Responses response: no output")
+    items = arr(root["output"], ErrorCode.INVALID_PROVIDER_ENVELOPE, "output", "output")
+    answered = _answered(items)
+    proposals: list[ProposedCall] = []
+    for index, raw in enumerate(items):
+        at = f"output[{index}]"
+        item = obj(raw, ErrorCode.MALFORMED_TOOL_CALLS, "an output item", at)
+        kind = item.get("type")
+        call_id = item.get("call_id")
+        if isinstance(call_id, str) and call_id in answered:
+            continue
+        refused = (isinstance(kind, str) and kind in _REFUSED) or (
+            kind == "tool_search_call" and item.get("execution") == "client"
+        )
+        if refused:
+            fail(
+                ErrorCode.INVALID_TOOL_CALL_FIELD,
+                f"{kind} item {show(item.get('name'))} is not supported: callgate runs"
+                " JSON-Schema function tools only",
+                f"{at}.type",
+            )
+        if kind != "function_call":
+            continue
+        if item.get("status") == "incomplete":
+            fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "the function call is incomplete", at)
+        proposals.append(
+            proposal(
+                call_id,
+                item.get("name"),
+                item.get("arguments"),
+                path=at,
+                known_tools=known_tools,
+                decode_name=_decode,
+            )
+        )
+    return unique(proposals)
+
+
+def write(proposals: list[ProposedCall], results: list[Result]) -> list[dict[str, Any]]:
+    """One ``function_call_output`` input item per result, keyed by ``call_id``."""
+    return [
+        {"type": "function_call_output", "call_id": result.call_id, "output": body_text(result)}
+        for result in results
+    ]
+
+
+def tools(specs: list[ToolSpec]) -> list[dict[str, Any]]:
+    # strict is off: strict mode needs every property required and additionalProperties
+    # false, which an arbitrary registry schema does not promise. The gate validates anyway.
+    return [
+        {
+            "type": "function",
+            "name": names.wire_name(SURFACE, spec.name),
+            "description": spec.description,
+            "parameters": spec.parameters,
+            "strict": False,
+        }
+        for spec in specs
+    ]

@@ -1,0 +1,162 @@
+"""Outbound: assert complete correlation (SPEC §4), then give each result one JSON body.
+
+Pure: no I/O. This mirrors ``producer.fanin.correlate`` with one deliberate difference: fan-in
+drops an *identical* second copy of a result (the relayer may publish twice), while here any
+second result for a call is ``duplicate_result`` — by the time results are serialised for a
+provider they have been fanned in already, so a repeat is the caller's mistake. Checks run in
+the seed's order (§9.1): non-terminal, duplicate, extra, tool name, then missing.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError
+
+from producer.adapters.base import AdapterCorrelationError, AdapterError, show
+from store.errors import ErrorCode
+from store.types import (
+    RESULT_ADAPTER,
+    TERMINAL_STATES,
+    AppError,
+    FailedRetryable,
+    FailedTerminal,
+    ProposedCall,
+    Succeeded,
+)
+
+Result = Succeeded | FailedRetryable | FailedTerminal
+
+
+def _raise(code: ErrorCode, message: str) -> AdapterCorrelationError:
+    return AdapterCorrelationError(message, code=code)
+
+
+def as_proposals(proposals: Iterable[object]) -> list[ProposedCall]:
+    """ProposedCall values, or mappings shaped like one; ids must be unique."""
+    calls: list[ProposedCall] = []
+    for raw in proposals:
+        if isinstance(raw, ProposedCall):
+            calls.append(raw)
+            continue
+        try:
+            calls.append(ProposedCall.model_validate(_plain(raw)))
+        except ValidationError:
+            raise AdapterError(
+                "a proposal is not a ProposedCall", code=ErrorCode.INVALID_INPUT
+            ) from None
+    seen: set[str] = set()
+    for call in calls:
+        if call.call_id in seen:
+            raise AdapterError(
+                f"two proposals share the call id {show(call.call_id)}",
+                code=ErrorCode.DUPLICATE_CALL_ID,
+            )
+        seen.add(call.call_id)
+    return calls
+
+
+def _plain(raw: object) -> object:
+    if isinstance(raw, BaseModel):
+        return raw.model_dump()
+    return raw
+
+
+def _field(raw: object, key: str) -> object:
+    if isinstance(raw, Mapping):
+        return raw.get(key)
+    return getattr(raw, key, None)
+
+
+def correlate(proposals: list[ProposedCall], results: Iterable[object]) -> list[Result]:
+    """Exactly one terminal result per proposal, with the proposal's tool name.
+
+    Returns the results validated and in the caller's order; raises an
+    ``AdapterCorrelationError`` whose code names the first fault found.
+    """
+    expected = {call.call_id: call.tool_name for call in proposals}
+    checked: list[Result] = []
+    seen: set[str] = set()
+    for raw in results:
+        status = _field(raw, "status")
+        call_id = _field(raw, "call_id")
+        if status not in TERMINAL_STATES:
+            raise _raise(
+                ErrorCode.NON_TERMINAL_RESULT,
+                f"a result for call {show(call_id)} has non-terminal status {show(status)}",
+            )
+        if not isinstance(call_id, str):
+            raise _raise(ErrorCode.NON_TERMINAL_RESULT, "a result has no string call_id")
+        if call_id in seen:
+            raise _raise(ErrorCode.DUPLICATE_RESULT, f"two results for call {show(call_id)}")
+        if call_id not in expected:
+            raise _raise(
+                ErrorCode.EXTRA_RESULT, f"a result for call {show(call_id)}, which was not proposed"
+            )
+        tool = _field(raw, "tool_name")
+        if tool != expected[call_id]:
+            raise _raise(
+                ErrorCode.TOOL_NAME_MISMATCH,
+                f"the result for call {show(call_id)} names tool {show(tool)},"
+                f" the proposal named {show(expected[call_id])}",
+            )
+        seen.add(call_id)
+        checked.append(_validated(raw, call_id))
+    missing = [call.call_id for call in proposals if call.call_id not in seen]
+    if missing:
+        raise _raise(ErrorCode.MISSING_RESULT, f"no result for call(s) {show(missing, 200)}")
+    return checked
+
+
+def _validated(raw: object, call_id: str) -> Result:
+    if isinstance(raw, Succeeded | FailedRetryable | FailedTerminal):
+        return raw
+    try:
+        return RESULT_ADAPTER.validate_python(_plain(raw))
+    except ValidationError:
+        # Same code fan-in uses: a result that is not a well-formed terminal result.
+        raise _raise(
+            ErrorCode.NON_TERMINAL_RESULT, f"the result for call {show(call_id)} is malformed"
+        ) from None
+
+
+def error_json(error: AppError) -> dict[str, Any]:
+    """An AppError as the model sees it: the stable code, safe details, the retry hint."""
+    body: dict[str, Any] = {"code": error.code}
+    if error.details:
+        body["details"] = [d.model_dump(mode="json", exclude_none=True) for d in error.details]
+    if error.retry_after_ms is not None:
+        body["retry_after_ms"] = error.retry_after_ms
+    return body
+
+
+def body(result: Result) -> dict[str, Any]:
+    """The seed's result body (§9.1): ``{status, data}`` or ``{status, error}``."""
+    if isinstance(result, Succeeded):
+        try:
+            data = result.model_dump(mode="json")["data"]
+        except PydanticSerializationError:
+            raise AdapterError(
+                f"the data of call {show(result.call_id)} is not JSON",
+                code=ErrorCode.INVALID_INPUT,
+            ) from None
+        return {"status": result.status, "data": data}
+    return {"status": result.status, "error": error_json(result.error)}
+
+
+def body_text(result: Result) -> str:
+    """The body as compact JSON text, for surfaces whose result field is a string."""
+    try:
+        return json.dumps(body(result), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise AdapterError(
+            f"the data of call {show(result.call_id)} holds a non-finite number",
+            code=ErrorCode.INVALID_INPUT,
+        ) from None
+
+
+def is_error(result: Result) -> bool:
+    return not isinstance(result, Succeeded)

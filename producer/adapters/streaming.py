@@ -1,0 +1,227 @@
+"""Streams: reassemble chunks or events into the surface's whole response, then read that.
+
+Reassembly only rebuilds the envelope; the surface's own reader does every check, so a
+stream and the equivalent whole response give the same proposals or the same error. A stream
+that ends before the surface's stop signal is refused (``invalid_provider_envelope``): a call
+cut off mid-stream must never run.
+
+- ``openai-chat``: ``chat.completion.chunk`` deltas; ``tool_calls[].index`` joins the pieces
+  of one call (name and arguments text are concatenated in arrival order; the id comes once).
+- ``anthropic-messages``: ``content_block_start`` / ``input_json_delta`` /
+  ``content_block_stop``; a ``tool_use`` block's ``partial_json`` pieces are joined and parsed
+  as its input (an empty buffer keeps the start event's input, ``{}`` for a no-argument tool).
+- ``openai-responses``: the terminal ``response.completed`` (or ``.incomplete``/``.failed``)
+  event carries the whole response; it is read as is.
+- ``gemini-generate-content``: each chunk is a partial response; function calls arrive whole,
+  so the parts of all chunks are concatenated.
+- ``gemini-interactions``: not supported (``unsupported_surface``); read the completed
+  interaction instead.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from producer.adapters import (
+    anthropic_messages,
+    gemini_generate_content,
+    openai_chat,
+    openai_responses,
+)
+from producer.adapters.base import arr, fail, get, obj, to_plain
+from store.errors import ErrorCode
+from store.types import ProposedCall
+
+
+def _events(events: object) -> list[dict[str, object]]:
+    if isinstance(events, str | bytes | bytearray):
+        events = to_plain(events)
+    if isinstance(events, dict) or not isinstance(events, Iterable):
+        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "a stream is a sequence of events")
+    return [
+        obj(to_plain(event), ErrorCode.INVALID_PROVIDER_ENVELOPE, "a stream event", f"[{n}]")
+        for n, event in enumerate(events)
+    ]
+
+
+def _index(value: object, at: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        fail(ErrorCode.MALFORMED_TOOL_CALLS, "a streamed tool call has no valid index", at)
+    return value
+
+
+def _piece(value: object, at: str) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "a streamed tool call piece is not text", at)
+    return value
+
+
+def _openai_chat(events: list[dict[str, object]]) -> dict[str, Any]:
+    slots: dict[int, dict[str, Any]] = {}
+    finish: object = None
+    for n, chunk in enumerate(events):
+        if chunk.get("error") is not None:
+            fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream carried an error", f"[{n}]")
+        choices = arr(
+            chunk.get("choices", []), ErrorCode.INVALID_PROVIDER_ENVELOPE, "choices", f"[{n}]"
+        )
+        for raw_choice in choices:
+            choice = obj(raw_choice, ErrorCode.INVALID_PROVIDER_ENVELOPE, "a choice", f"[{n}]")
+            if choice.get("index", 0) != 0:
+                fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "a stream with n > 1 choices", f"[{n}]")
+            delta = obj(
+                choice.get("delta") or {}, ErrorCode.INVALID_PROVIDER_ENVELOPE, "delta", f"[{n}]"
+            )
+            if delta.get("function_call") is not None:
+                fail(ErrorCode.MALFORMED_TOOL_CALLS, "the legacy function_call carries no id")
+            raw_calls = delta.get("tool_calls") or []
+            for raw in arr(raw_calls, ErrorCode.MALFORMED_TOOL_CALLS, "tool_calls", f"[{n}]"):
+                _merge_chat_delta(
+                    slots,
+                    obj(raw, ErrorCode.MALFORMED_TOOL_CALLS, "a tool call", f"[{n}]"),
+                    f"[{n}]",
+                )
+            if choice.get("finish_reason") is not None:
+                finish = choice["finish_reason"]
+    if finish is None:
+        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream ended before a finish_reason")
+    message: dict[str, Any] = {"role": "assistant"}
+    if slots:
+        message["tool_calls"] = [slots[index] for index in sorted(slots)]
+    return {"finish_reason": finish, "message": message}
+
+
+def _merge_chat_delta(slots: dict[int, dict[str, Any]], delta: dict[str, object], at: str) -> None:
+    index = _index(delta.get("index"), at)
+    slot = slots.setdefault(index, {"type": "function", "function": {"name": "", "arguments": ""}})
+    call_id = delta.get("id")
+    if call_id is not None:
+        if "id" in slot and slot["id"] != call_id:
+            fail(ErrorCode.MALFORMED_TOOL_CALLS, "one streamed tool call has two ids", at)
+        slot["id"] = call_id
+    if delta.get("type") is not None:
+        slot["type"] = delta["type"]
+    if delta.get("custom") is not None:
+        # Kept only so the reader can refuse it by name.
+        custom = delta["custom"]
+        slot["type"] = "custom"
+        slot["custom"] = custom if isinstance(custom, dict) else {}
+    function = delta.get("function")
+    if function is not None:
+        pieces = obj(function, ErrorCode.MALFORMED_TOOL_CALLS, "function", at)
+        slot["function"]["name"] += _piece(pieces.get("name"), at)
+        slot["function"]["arguments"] += _piece(pieces.get("arguments"), at)
+
+
+def _anthropic(events: list[dict[str, object]]) -> dict[str, Any]:
+    blocks: dict[int, dict[str, object]] = {}
+    buffers: dict[int, list[str]] = {}
+    stopped: set[int] = set()
+    stop_reason: object = None
+    for n, event in enumerate(events):
+        at = f"[{n}]"
+        kind = event.get("type")
+        if kind == "error":
+            fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream carried an error", at)
+        elif kind == "content_block_start":
+            index = _index(event.get("index"), at)
+            if index in blocks:
+                fail(ErrorCode.MALFORMED_TOOL_CALLS, "a content block started twice", at)
+            blocks[index] = obj(
+                event.get("content_block"), ErrorCode.MALFORMED_TOOL_CALLS, "content_block", at
+            )
+            buffers[index] = []
+        elif kind == "content_block_delta":
+            index = _index(event.get("index"), at)
+            if index not in blocks or index in stopped:
+                fail(ErrorCode.MALFORMED_TOOL_CALLS, "a delta for a block that is not open", at)
+            delta = obj(event.get("delta"), ErrorCode.MALFORMED_TOOL_CALLS, "delta", at)
+            if delta.get("type") == "input_json_delta":
+                buffers[index].append(_piece(delta.get("partial_json"), at))
+        elif kind == "content_block_stop":
+            index = _index(event.get("index"), at)
+            if index not in blocks:
+                fail(ErrorCode.MALFORMED_TOOL_CALLS, "a stop for a block never started", at)
+            stopped.add(index)
+        elif kind == "message_delta":
+            delta = obj(event.get("delta") or {}, ErrorCode.INVALID_PROVIDER_ENVELOPE, "delta", at)
+            if delta.get("stop_reason") is not None:
+                stop_reason = delta["stop_reason"]
+    if stop_reason is None:
+        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream ended before a stop_reason")
+    content: list[dict[str, object]] = []
+    for index in sorted(blocks):
+        block = dict(blocks[index])
+        if block.get("type") == "tool_use":
+            if index not in stopped:
+                fail(
+                    ErrorCode.MALFORMED_TOOL_CALLS,
+                    "a tool_use block never stopped",
+                    f"content[{index}]",
+                )
+            text = "".join(buffers[index])
+            if text:
+                block["input"] = text  # parsed, or refused as invalid_arguments_json, by the reader
+        content.append(block)
+    return {"role": "assistant", "content": content, "stop_reason": stop_reason}
+
+
+def _openai_responses(events: list[dict[str, object]]) -> object:
+    final: object = None
+    for n, event in enumerate(events):
+        kind = event.get("type")
+        if kind == "error":
+            fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream carried an error", f"[{n}]")
+        if kind in ("response.completed", "response.incomplete", "response.failed"):
+            final = event.get("response")
+    if final is None:
+        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream ended before response.completed")
+    return final
+
+
+def _gemini(events: list[dict[str, object]]) -> dict[str, Any]:
+    parts: list[object] = []
+    finish: object = None
+    for n, chunk in enumerate(events):
+        if chunk.get("error") is not None:
+            fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream carried an error", f"[{n}]")
+        if chunk.get("candidates") is None:
+            continue  # a usage-only chunk
+        candidates = arr(
+            chunk["candidates"], ErrorCode.INVALID_PROVIDER_ENVELOPE, "candidates", f"[{n}]"
+        )
+        if len(candidates) != 1:
+            fail(
+                ErrorCode.INVALID_PROVIDER_ENVELOPE,
+                "a stream chunk without exactly one candidate",
+                f"[{n}]",
+            )
+        candidate = obj(candidates[0], ErrorCode.INVALID_PROVIDER_ENVELOPE, "a candidate", f"[{n}]")
+        content = candidate.get("content")
+        if content is not None:
+            content = obj(content, ErrorCode.INVALID_PROVIDER_ENVELOPE, "content", f"[{n}]")
+            chunk_parts = get(content, "parts")
+            if chunk_parts is not None:
+                parts.extend(arr(chunk_parts, ErrorCode.MALFORMED_TOOL_CALLS, "parts", f"[{n}]"))
+        reason = get(candidate, "finishReason", "finish_reason")
+        if reason is not None:
+            finish = reason
+    if finish is None:
+        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream ended before a finishReason")
+    return {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": finish}]}
+
+
+def read_stream(surface: str, events: object, known_tools: frozenset[str]) -> list[ProposedCall]:
+    """Proposals from a stream of ``surface`` events; the surface must support streams."""
+    if surface == "openai-chat":
+        return openai_chat.read(_openai_chat(_events(events)), known_tools)
+    if surface == "anthropic-messages":
+        return anthropic_messages.read(_anthropic(_events(events)), known_tools)
+    if surface == "openai-responses":
+        return openai_responses.read(_openai_responses(_events(events)), known_tools)
+    if surface == "gemini-generate-content":
+        return gemini_generate_content.read(_gemini(_events(events)), known_tools)
+    fail(ErrorCode.UNSUPPORTED_SURFACE, f"streams are not supported for {surface!r}")
