@@ -221,28 +221,71 @@ def _service_env(settings: Settings) -> dict[str, str]:
 # --- turns ---------------------------------------------------------------------------------
 
 
+_SURFACES = (
+    "openai-chat",
+    "openai-responses",
+    "anthropic-messages",
+    "gemini-generate-content",
+    "gemini-interactions",
+)
+
+
 @cli.command("submit")
 @click.option(
     "--context",
     "context_file",
     required=True,
     type=click.File("r"),
-    help="JSON file: {request_id, tenant_id, user_id, roles}.",
+    help="JSON file: {request_id, tenant_id, user_id, roles[, conversation_id]}.",
 )
+@click.option(
+    "--provider",
+    type=click.Choice(_SURFACES),
+    default=None,
+    help="FILE is this API surface's raw response (or, with --stream, its list of stream "
+    "events); without it, FILE is a JSON list of {call_id, tool_name, arguments}.",
+)
+@click.option("--stream", is_flag=True, help="With --provider: FILE is a JSON list of events.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("proposals_file", type=click.File("r"), default="-")
-def submit_cmd(context_file: TextIO, as_json: bool, proposals_file: TextIO) -> None:
-    """Record and enqueue a turn from a JSON list of {call_id, tool_name, arguments}."""
-    from producer import Producer
+def submit_cmd(
+    context_file: TextIO,
+    provider: str | None,
+    stream: bool,
+    as_json: bool,
+    proposals_file: TextIO,
+) -> None:
+    """Record and enqueue a turn: proposals, or a provider's response (file or stdin).
+
+    A provider response is read completely before anything is recorded: a malformed one
+    is refused with its adapter code and nothing is written. A final answer with no tool
+    calls records nothing.
+    """
+    from producer import Producer, adapters
 
     context = _read_json(context_file, "context")
-    proposals = _read_json(proposals_file, "proposals")
-    if not isinstance(proposals, list):
-        raise InputError("proposals must be a JSON list of {call_id, tool_name, arguments}")
+    raw = _read_json(proposals_file, "provider response" if provider else "proposals")
     if not isinstance(context, dict):
         raise InputError("context must be a JSON object {request_id, tenant_id, user_id, roles}")
+    if stream and not provider:
+        raise InputError("--stream needs --provider SURFACE")
     producer = Producer.from_env()
     try:
+        if provider:
+            known = producer.registry.tools.keys()
+            if stream:
+                if not isinstance(raw, list):
+                    raise InputError("with --stream, the file must be a JSON list of events")
+                proposals: list[Any] = adapters.read_stream(provider, raw, known)
+            else:
+                proposals = adapters.read_proposals(provider, raw, known)
+            if not proposals:
+                _report_no_calls(as_json)
+                return
+        else:
+            if not isinstance(raw, list):
+                raise InputError("proposals must be a JSON list of {call_id, tool_name, arguments}")
+            proposals = raw
         turn = producer.submit(proposals, context)
     finally:
         producer.close()
@@ -257,13 +300,27 @@ def submit_cmd(context_file: TextIO, as_json: bool, proposals_file: TextIO) -> N
     _table(["call_id", "tool_name", "operation_id"], calls)
 
 
+def _report_no_calls(as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps({"turn_id": None, "calls": []}))
+    else:
+        click.echo("no tool calls: a final answer; nothing recorded")
+
+
 @cli.command("collect")
 @click.argument("turn_id")
 @click.option(
     "--timeout", default=10.0, show_default=True, help="Seconds to wait for the last result."
 )
+@click.option(
+    "--provider",
+    type=click.Choice(_SURFACES),
+    default=None,
+    help="Print the results as this API surface's tool-result message (JSON), ready to "
+    "append to the conversation. Needs every result.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def collect_cmd(turn_id: str, timeout: float, as_json: bool) -> None:
+def collect_cmd(turn_id: str, timeout: float, provider: str | None, as_json: bool) -> None:
     """Wait for a turn's results, joined by call id; name the calls still pending."""
     from producer import Producer
 
@@ -272,6 +329,9 @@ def collect_cmd(turn_id: str, timeout: float, as_json: bool) -> None:
         collected = producer.collect(turn_id, timeout)
     finally:
         producer.close()
+    if provider:
+        click.echo(json.dumps(collected.provider_message(provider)))
+        return
     doc = collected.as_json()
     if as_json:
         click.echo(json.dumps(doc))
@@ -429,11 +489,23 @@ def approvals_deny_cmd(approval_id: str, by: str) -> None:
     required=True,
     help="A role of the principal (repeatable). Only its allowlist is printed.",
 )
-def tools_cmd(roles: tuple[str, ...]) -> None:
+@click.option(
+    "--provider",
+    type=click.Choice(_SURFACES),
+    default=None,
+    help="In this API surface's tool-schema form (default: neutral {name, description, "
+    "parameters}).",
+)
+def tools_cmd(roles: tuple[str, ...], provider: str | None) -> None:
     """Print the tool definitions a model acting for these roles may be shown (JSON)."""
     from worker import registry
 
-    click.echo(json.dumps(registry.from_env().definitions_for(roles), indent=2))
+    definitions = registry.from_env().definitions_for(roles)
+    if provider:
+        from producer import adapters
+
+        definitions = adapters.tool_definitions(provider, definitions)
+    click.echo(json.dumps(definitions, indent=2))
 
 
 # --- helpers -------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from producer.budgets import apply_budgets
 from producer.fanin import FanIn, Result
 from producer.planning import plan
 from store import db, transport, turns
-from store.errors import InputError, ServiceUnavailable
+from store.errors import CorrelationError, ErrorCode, InputError, ServiceUnavailable
 from store.settings import Settings
 from store.types import CallContext, ProposedCall, Turn
 from worker import registry as tool_registry
@@ -35,6 +35,8 @@ class Collected:
     complete: bool
     results: list[Result]
     pending: list[str]
+    # (call_id, tool_name) of every proposed call, in proposal order.
+    proposals: list[tuple[str, str]] = field(default_factory=list)
     # Pending calls parked for a person's decision: call id → approval id.
     awaiting_approval: dict[str, str] = field(default_factory=dict)
 
@@ -46,6 +48,21 @@ class Collected:
             "pending": self.pending,
             "awaiting_approval": self.awaiting_approval,
         }
+
+    def provider_message(self, surface: str) -> Any:
+        """The results as ``surface``'s tool-result message, ready to append to the
+        conversation. Refused (``missing_result``) while a call is still pending: a partial
+        turn is never padded."""
+        from producer import adapters
+
+        if not self.complete:
+            waiting = ", ".join(self.pending)
+            raise CorrelationError(
+                f"turn {self.turn_id} is not complete; still pending: {waiting}",
+                code=ErrorCode.MISSING_RESULT,
+            )
+        calls = [ProposedCall(call_id=c, tool_name=t, arguments={}) for c, t in self.proposals]
+        return adapters.write_results(surface, calls, self.results)
 
 
 class Producer:
@@ -165,6 +182,7 @@ class Producer:
             complete=fan.complete,
             results=fan.ordered(),
             pending=fan.pending,
+            proposals=list(state.proposals),
             awaiting_approval={c: a for c, a in awaiting.items() if c in fan.pending},
         )
 
