@@ -4,6 +4,10 @@
 2. The 12,000 KRW refund of order O-17 runs once.
 3. The same refund delivered twice (a duplicate job, then a new turn with the same
    operation id) changes nothing downstream and reuses the first result.
+4. Deleting last week's 50 policy e-mails: parked until a person approves the impact the
+   server computed (50 e-mails of user-17), then exactly those 50 change, once each.
+5. Refusals: a viewer proposing a refund, and a refund of another tenant's order, end with
+   their codes; neither reaches the payments provider nor asks for an approval.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from sqlalchemy import Engine, text
 
 from ops.stack import Stack, wait_for_workers
 from producer import Producer
-from store import trace, transport
+from store import approvals, trace, transport
 from store.settings import Settings
 
 READ_DELAYS = "get_weather=120,get_stock=280,get_news=200"
@@ -61,6 +65,8 @@ def run(settings: Settings, *, workers: int, out: TextIO) -> bool:
             first = _refund(producer, report)
             turns.append(first["turn_id"])
             turns.append(_refund_again(producer, report, first))
+            turns.append(_delete_with_approval(producer, report))
+            turns.extend(_refusals(producer, report))
         out.write("\nper-call trace\n")
         for turn_id in turns:
             _print_trace(producer.engine, turn_id, out)
@@ -169,6 +175,109 @@ def _refund_again(producer: Producer, report: Report, first: dict[str, Any]) -> 
     return turn.turn_id
 
 
+def _delete_with_approval(producer: Producer, report: Report) -> str:
+    report.out.write("\n4. delete last week's policy e-mails (user-17)\n")
+    turn = producer.submit(
+        [
+            {
+                "call_id": "call-delete",
+                "tool_name": "delete_emails",
+                "arguments": {"query": "policy update"},
+            }
+        ],
+        {**SUPPORT_A, "request_id": "req-10"},
+    )
+    call = turn.calls[0]
+    approval_id = None
+    deadline = time.monotonic() + 5
+    while approval_id is None and time.monotonic() < deadline:
+        waiting = producer.collect(turn.turn_id, timeout=0.1)
+        approval_id = waiting.awaiting_approval.get(call.call_id)
+    deleted_before = _deleted_emails(producer.engine)
+    report.check(
+        "parked for approval, nothing deleted yet",
+        approval_id is not None and deleted_before == 0,
+        f"approval {approval_id}, {deleted_before} deleted",
+    )
+    if approval_id is None:
+        return turn.turn_id
+    impact = approvals.show(producer.engine, approval_id)["impact"]
+    report.check(
+        "the approval shows the server's count and account",
+        (impact["count"], impact["account"]) == (50, "user-17"),
+        f"{impact['count']} e-mails of {impact['account']}, recoverable={impact['recoverable']}",
+    )
+    resumed = approvals.approve(producer.engine, approval_id, by="demo-approver")
+    transport.enqueue_calls(producer.queue, resumed, timeout=60)
+    done = producer.collect(turn.turn_id, timeout=10)
+    changed = _changed_once(producer.engine, _key(producer.engine, call.operation_id))
+    report.check(
+        "after approval exactly the approved 50 changed, once each",
+        done.complete
+        and done.results[0].status == "succeeded"
+        and sorted(changed) == sorted(impact["email_ids"])
+        and set(changed.values()) == {1},
+        f"{len(changed)} e-mails, {_deleted_emails(producer.engine)} deleted in the mailbox",
+    )
+    return turn.turn_id
+
+
+def _refusals(producer: Producer, report: Report) -> list[str]:
+    report.out.write("\n5. refusals at the gate\n")
+    refund = {"order_id": "O-42", "amount": 1000, "currency": "KRW"}
+    viewer = {"request_id": "req-11", "tenant_id": "tenant-a", "user_id": "user-5"}
+    cases = [
+        ("tool_not_allowed", {**viewer, "roles": ["viewer"]}, "call-viewer-refund"),
+        ("permission_denied", {**SUPPORT_A, "request_id": "req-12"}, "call-foreign-refund"),
+    ]
+    turn_ids = []
+    for code, ctx, call_id in cases:
+        turn = producer.submit(
+            [{"call_id": call_id, "tool_name": "refund_payment", "arguments": refund}], ctx
+        )
+        turn_ids.append(turn.turn_id)
+        results = producer.collect(turn.turn_id, timeout=10).results
+        got = results[0].model_dump().get("error", {}).get("code") if results else None
+        requests = _requests(producer.engine, _key(producer.engine, turn.calls[0].operation_id))
+        report.check(
+            f"{call_id} ends {code}, nothing reaches the provider",
+            got == code and requests == 0,
+            f"{got}, {requests} provider request(s)",
+        )
+    return turn_ids
+
+
+def _deleted_emails(engine: Engine) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM downstream.emails WHERE deleted_at IS NOT NULL")
+            ).scalar_one()
+        )
+
+
+def _changed_once(engine: Engine, key: str) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT resource_id, count(*) AS n FROM downstream.side_effects"
+                " WHERE idempotency_key = :k GROUP BY resource_id"
+            ),
+            {"k": key},
+        )
+        return {r.resource_id: int(r.n) for r in rows}
+
+
+def _requests(engine: Engine, key: str) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT count(*) FROM downstream.requests WHERE idempotency_key = :k"),
+                {"k": key},
+            ).scalar_one()
+        )
+
+
 def _key(engine: Engine, operation_id: str) -> str:
     with engine.connect() as conn:
         return str(
@@ -228,7 +337,23 @@ def _print_trace(engine: Engine, turn_id: str, out: TextIO) -> None:
     out.write(f"\nturn {turn_id}\n")
     out.write(f"  {'call_id':<22}{'tool':<16}{'event':<22}{'gen':<5}detail\n")
     for e in trace.events(engine, turn_id):
-        detail = {k: v for k, v in e["detail"].items() if k != "intent_hash" and v is not None}
+        detail = _compact(e["detail"])
         gen = "" if e["generation"] is None else str(e["generation"])
         who = f"{e['call_id'] or '':<22}{e['tool_name'] or '':<16}"
         out.write(f"  {who}{e['event']:<22}{gen:<5}{json.dumps(detail)}\n")
+
+
+_QUIET = {"request_id", "tool_call_id", "tool", "schema_version", "intent_hash"}
+
+
+def _compact(detail: dict[str, Any]) -> dict[str, Any]:
+    """The trace detail worth reading on a terminal: verdicts that did not pass, outcomes."""
+    out = {k: v for k, v in detail.items() if k not in _QUIET and v is not None}
+    verdicts = out.pop("verdicts", None)
+    if verdicts:
+        failed = {k: v for k, v in verdicts.items() if v not in ("pass", "no_approval_needed")}
+        out["gate"] = failed or "all layers pass"
+    if isinstance(out.get("resources"), list):
+        out["resources"] = f"{len(out['resources'])} ids"
+    out.pop("operation_key_hash", None)
+    return out

@@ -20,5 +20,6 @@ def test_demo_runs_on_embedded_services_and_checks_its_invariants(tmp_path) -> N
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[FAIL]" not in proc.stdout
     (passed, total) = map(int, re.search(r"(\d+)/(\d+) invariants hold", proc.stdout).groups())
-    assert passed == total >= 8
+    assert passed == total >= 13
     assert "call-refund-3" in proc.stdout and "result_reused" in proc.stdout
+    assert "approval_granted" in proc.stdout and "permission_denied" in proc.stdout
