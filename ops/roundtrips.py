@@ -9,6 +9,7 @@ packed sends (a pipeline is one).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -23,6 +24,7 @@ from store import db, migrate, relayer
 from store.settings import Settings
 from worker import executor, runtime
 from worker.demo import downstream
+from worker.demo.tools import DemoServices, demo_registry
 
 COUNTS: Counter[str] = Counter()
 _phase = ["idle"]
@@ -37,14 +39,14 @@ def phase(name: str) -> Iterator[None]:
         _phase[0] = "idle"
 
 
-def _count_postgres(engine: Engine) -> None:
+def _count_postgres(engine: Engine, label: str = "pg") -> None:
     def statement(*_: Any) -> None:
-        COUNTS[f"{_phase[0]}:pg"] += 1
+        COUNTS[f"{_phase[0]}:{label}"] += 1
 
     def transaction_control(conn: Any) -> None:
         # Autocommit connections send no BEGIN/COMMIT although SQLAlchemy fires the events.
         if conn.get_execution_options().get("isolation_level") != "AUTOCOMMIT":
-            COUNTS[f"{_phase[0]}:pg"] += 1
+            COUNTS[f"{_phase[0]}:{label}"] += 1
 
     event.listen(engine, "before_cursor_execute", statement)
     for name in ("begin", "commit"):
@@ -63,7 +65,14 @@ def _count_redis() -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--calls", type=int, default=20, help="read calls per turn")
+    parser.add_argument("--calls", type=int, default=20, help="calls per turn")
+    parser.add_argument(
+        "--kind",
+        choices=["read", "write"],
+        default="read",
+        help="get_weather reads (concurrent), or refund_payment writes (one after another, "
+        "each with a status lookup before it)",
+    )
     args = parser.parse_args()
     settings = Settings.from_env()
     settings = Settings.from_env({**_env(settings), "CALLGATE_QUEUE": f"rt-{uuid.uuid4().hex[:8]}"})
@@ -71,16 +80,27 @@ def main() -> None:
     migrate.upgrade(engine)
     downstream.install(engine)
     producer = Producer.from_env(settings)
-    rt = runtime.Runtime.create(settings)
+    services = DemoServices(settings)
+    rt = dataclasses.replace(runtime.Runtime.create(settings), registry=demo_registry(services))
     for e in (producer.engine, rt.engine):
         _count_postgres(e)
+    _count_postgres(services.engine, label="downstream")
     _count_redis()
     ctx = {"request_id": "rt", "tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
+    order = f"O-rt-{uuid.uuid4().hex[:8]}"
+    with engine.begin() as conn:
+        downstream.add_payment(conn, order, "tenant-a", "m", f"pay-{order}", 10**9, "KRW")
     proposals = [
         {
             "call_id": f"c{i}",
             "tool_name": "get_weather",
             "arguments": {"city": f"C{i}", "unit": "celsius"},
+        }
+        if args.kind == "read"
+        else {
+            "call_id": f"c{i}",
+            "tool_name": "refund_payment",
+            "arguments": {"order_id": order, "amount": 1000 + i, "currency": "KRW"},
         }
         for i in range(args.calls)
     ]
@@ -95,10 +115,13 @@ def main() -> None:
         collected = producer.collect(turn.turn_id, timeout=5)
     assert collected.complete
     n = args.calls
-    print(f"round trips per call, turn of {n} reads (totals in brackets)")
+    print(f"round trips per call, turn of {n} {args.kind}s (totals in brackets)")
     for name in ("submit", "worker", "relayer", "collect"):
         pg, rd = COUNTS[f"{name}:pg"], COUNTS[f"{name}:redis"]
-        print(f"  {name:<8} postgres {pg / n:5.2f} [{pg:3d}]   redis {rd / n:5.2f} [{rd:3d}]")
+        line = f"  {name:<8} postgres {pg / n:5.2f} [{pg:3d}]   redis {rd / n:5.2f} [{rd:3d}]"
+        if ds := COUNTS[f"{name}:downstream"]:
+            line += f"   downstream postgres {ds / n:5.2f} [{ds:3d}]"
+        print(line)
     rt.queue.empty()  # type: ignore[no-untyped-call]
 
 

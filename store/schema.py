@@ -141,6 +141,7 @@ calls = Table(
 Index("calls_operation", calls.c.operation_id)
 Index("calls_after_call", calls.c.after_call)
 Index("calls_approval", calls.c.approval_id)
+Index("calls_call_id", calls.c.call_id)
 Index(
     "calls_open",
     calls.c.dispatched_at,

@@ -17,14 +17,25 @@ SELECT e.at, c.call_id, c.tool_name, e.operation_id, e.event, e.generation, e.de
  ORDER BY e.at, e.id
 """
 
+# A provider's call id (``call_42``) names a call within a turn; it may recur across turns.
+BY_CALL_ID_SQL = """
+SELECT e.at, c.call_id, c.tool_name, e.operation_id, e.event, e.generation, e.detail
+  FROM callgate.calls AS c
+  JOIN callgate.trace_events AS e ON e.call_ref = c.id
+ WHERE c.call_id = :call_id
+ ORDER BY e.at, e.id
+"""
+
 
 def events(engine: Engine, turn_or_call: str) -> list[dict[str, Any]]:
+    """Events of a turn (its id), or of a call (its ref, or the provider's call id)."""
+    params: dict[str, Any]
     try:
-        ident = uuid.UUID(turn_or_call)
+        query, params = TRACE_SQL, {"id": uuid.UUID(turn_or_call)}
     except ValueError:
-        raise UnknownTurn(f"{turn_or_call!r} is not a turn or call ref (expected a UUID)") from None
+        query, params = BY_CALL_ID_SQL, {"call_id": turn_or_call}
     with engine.connect() as conn:
-        rows = conn.execute(text(TRACE_SQL), {"id": ident}).mappings().all()
+        rows = conn.execute(text(query), params).mappings().all()
     if not rows:
         raise UnknownTurn(f"no trace for {turn_or_call}")
     return [{**dict(r), "at": r["at"].isoformat(timespec="milliseconds")} for r in rows]

@@ -351,6 +351,31 @@ def test_refund_table_each_row_stops_at_its_layer(producer, stack, engine):
     assert (requests_for(engine, key), effects_for(engine, key)) == (1, 1)
     granted = trace_events(engine, ref, "approval_granted")
     assert granted and granted[0]["detail"]["by"] == "alice"
+    # The audit trace, by the provider's call id: every layer's verdict, no owner token.
+    shown = callgate("trace", result.call_id, "--json", env=producer_env(producer))
+    assert shown.returncode == 0, shown.stderr
+    events = json.loads(shown.stdout)
+    assert [e["event"] for e in events] == [
+        "approval_required",
+        "approval_granted",
+        "reserved",
+        "completed",
+    ]
+    completed = events[-1]["detail"]
+    assert completed["verdicts"] == {
+        "allowlist": "pass",
+        "parse": "pass",
+        "schema": "pass",
+        "business": "pass",
+        "authorization": "pass",
+        "risk": "approval_required",
+        "approval": "granted",
+    }
+    assert {"request_id", "tool_call_id", "schema_version", "intent_hash"} <= set(completed)
+    assert {"operation_key_hash", "duration_ms", "status"} <= set(completed)
+    assert events[-1]["generation"] == 1
+    # Neither the owner token nor the arguments are ever written to the trace.
+    assert "owner" not in shown.stdout and str(NEEDS_APPROVAL) not in json.dumps(completed)
 
     # 6. Idempotency: the same operation redelivered after a timeout reuses the first result.
     turn2, ref2, _, _ = submit_one(

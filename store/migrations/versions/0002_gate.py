@@ -66,6 +66,7 @@ def upgrade() -> None:
         schema=S,
     )
     op.create_index("calls_approval", "calls", ["approval_id"], schema=S)
+    op.create_index("calls_call_id", "calls", ["call_id"], schema=S)
     op.drop_constraint("calls_state", "calls", schema=S)
     op.create_check_constraint(
         "calls_state",
