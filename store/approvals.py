@@ -37,6 +37,8 @@ WITH matching AS (
        AND policy_version = :policy_version AND state IN ('pending', 'approved', 'denied')
      ORDER BY version DESC
      LIMIT 1
+       -- the newest committed state: a decision racing this statement is seen, not missed
+       FOR SHARE
 ), superseded AS (
     UPDATE callgate.approvals
        SET state = 'superseded', decided_at = now()

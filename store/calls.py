@@ -15,7 +15,7 @@ SELECT c.id, c.turn_id, c.call_id, c.tool_name, c.arguments, c.kind, c.state,
        c.operation_id, c.after_call,
        prev.state AS after_state,
        t.request_id, t.tenant_id, t.user_id, t.roles,
-       op.state AS op_state, op.intent_hash AS op_intent
+       op.state AS op_state, op.intent_hash AS op_intent, op.canonical AS op_canonical
   FROM callgate.calls AS c
   JOIN callgate.turns AS t USING (turn_id)
   JOIN callgate.operations AS op ON op.operation_id = c.operation_id
@@ -42,6 +42,7 @@ class CallRecord:
     roles: tuple[str, ...]
     op_state: str
     op_intent: str | None
+    op_canonical: dict[str, Any] | None
 
 
 def load(engine: Engine, ref: uuid.UUID) -> CallRecord | None:

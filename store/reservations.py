@@ -12,13 +12,16 @@
   operation another delivery already reserved or finished.
 - ``reject`` / ``reuse``: end one call without running anything (a refusal decided on the call
   alone: allowlist, JSON, schema; or a result the operation already has), with the same
-  outbox and trace in the same statement.
+  outbox and trace in the same statement. ``reject`` ends only a call still ``proposed``,
+  and ``reserve`` locks the call row first, so a refusal and a reservation of one call
+  cannot both win.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -28,12 +31,19 @@ from store import db
 from store.types import TERMINAL_STATES
 
 RESERVE_SQL = """
-WITH op AS (
+WITH live AS (
+    -- Lock the call first: a concurrent refusal of this call (which updates the same row)
+    -- either commits before, and then the call is no longer open here, or waits for us.
+    SELECT id FROM callgate.calls
+     WHERE id = :call_ref AND state IN ('proposed', 'started')
+       FOR UPDATE
+), op AS (
     UPDATE callgate.operations
        SET state = 'in_progress',
            owner_token = :owner_token,
            generation = generation + 1,
            intent_hash = :intent_hash,
+           canonical = CAST(:canonical AS jsonb),
            reserved_from = state,
            lease_expires_at = now() + make_interval(secs => :lease_seconds),
            attempts = attempts + 1
@@ -41,8 +51,7 @@ WITH op AS (
        AND (intent_hash IS NULL OR intent_hash = :intent_hash)
        AND (state = 'pending' OR (state = 'in_progress' AND lease_expires_at < now()))
        -- never start a handler for a call that has already ended
-       AND EXISTS (SELECT 1 FROM callgate.calls
-                    WHERE id = :call_ref AND state IN ('proposed', 'started'))
+       AND EXISTS (SELECT 1 FROM live)
     RETURNING operation_id, generation, reserved_from
 ), started AS (
     UPDATE callgate.calls AS c
@@ -137,6 +146,8 @@ WITH op AS (
        SET state = :op_state,
            intent_hash = CASE WHEN CAST(:op_state AS text) = 'pending' THEN intent_hash
                               ELSE CAST(:intent_hash AS text) END,
+           canonical = CASE WHEN CAST(:op_state AS text) = 'pending' THEN canonical
+                            ELSE CAST(:canonical AS jsonb) END,
            result = CASE WHEN CAST(:op_state AS text) = 'pending' THEN NULL
                          ELSE CAST(:body AS jsonb) END,
            completed_at = now()
@@ -169,7 +180,9 @@ WITH finished AS (
            result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
                     || CAST(:body AS jsonb),
            completed_at = now()
-     WHERE c.id = :call_ref AND c.state IN ('proposed', 'started')
+     -- Only a call no delivery has started: a started call belongs to the reservation
+     -- that started it, whose completion gives it its result.
+     WHERE c.id = :call_ref AND c.state = 'proposed'
     RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
 )"""
     + FINISH_TAIL
@@ -245,6 +258,7 @@ def reserve(
     owner_token: uuid.UUID,
     intent_hash: str,
     lease_seconds: float,
+    canonical: Mapping[str, Any] | None = None,
     detail: dict[str, Any] | None = None,
 ) -> Reserved | NotReserved:
     with db.autocommit(engine) as conn:
@@ -256,6 +270,7 @@ def reserve(
                 "turn_id": turn_id,
                 "owner_token": owner_token,
                 "intent_hash": intent_hash,
+                "canonical": json.dumps(dict(canonical or {})),
                 "lease_seconds": lease_seconds,
                 "detail": json.dumps(detail or {}),
             },
@@ -341,6 +356,7 @@ def refuse(
     intent_hash: str,
     status: str,
     error: dict[str, Any],
+    canonical: Mapping[str, Any] | None = None,
     detail: dict[str, Any] | None = None,
 ) -> Finished | NotReserved:
     """End the operation with a gate refusal iff nobody reserved or finished it first."""
@@ -352,6 +368,7 @@ def refuse(
                 "operation_id": operation_id,
                 "call_ref": call_ref,
                 "intent_hash": intent_hash,
+                "canonical": json.dumps(dict(canonical or {})),
                 "op_state": op_state,
                 "status": status,
                 "body": result_body(status, error),

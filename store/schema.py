@@ -58,6 +58,8 @@ operations = Table(
     Column("tool_name", Text, nullable=False),
     Column("idempotency_key", Text, nullable=False, unique=True),
     Column("intent_hash", Text),
+    # The canonical resource the intent was admitted for (e.g. the payment behind an order).
+    Column("canonical", JSONB),
     Column("state", Text, nullable=False, server_default="pending"),
     Column("owner_token", Uuid),
     Column("generation", Integer, nullable=False, server_default="0"),

@@ -4,7 +4,10 @@ RQ moves a killed job to its failed registry and never re-runs it, and a job los
 is simply gone. Postgres knows better: a call that is not terminal is re-dispatched when
 - its operation's lease expired (the owner died or stalled) and it was not dispatched since;
 - or nobody holds its operation, its predecessor (if any) is terminal, and it has waited
-  longer than ``stale_seconds`` since its last dispatch (a lost enqueue, a lost job).
+  longer than ``stale_seconds`` since its last dispatch (a lost enqueue, a lost job);
+- or it waits for an approval request that is no longer pending (a call that parked while
+  the request was being decided): it goes back to ``proposed`` and runs the gate again,
+  which resumes it, denies it or asks again.
 Re-dispatch is safe: the reservation CAS lets one delivery run and the others count as
 duplicates.
 """
@@ -28,7 +31,7 @@ WITH due AS (
       FROM callgate.calls AS c
       JOIN callgate.operations AS op USING (operation_id)
       LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
-     WHERE c.state IN ('proposed', 'started')
+     WHERE (c.state IN ('proposed', 'started')
        AND (
              (op.state = 'in_progress' AND op.lease_expires_at < now()
               AND (c.dispatched_at IS NULL OR c.dispatched_at < op.lease_expires_at))
@@ -37,13 +40,17 @@ WITH due AS (
                    OR prev.state IN ('succeeded', 'failed_retryable', 'failed_terminal'))
               AND (c.dispatched_at IS NULL
                    OR c.dispatched_at < now() - make_interval(secs => :stale_seconds)))
-           )
+           ))
+        OR (c.state = 'awaiting_approval'
+            AND EXISTS (SELECT 1 FROM callgate.approvals AS a
+                         WHERE a.approval_id = c.approval_id AND a.state <> 'pending'))
      ORDER BY c.dispatched_at NULLS FIRST
      LIMIT :batch
        FOR UPDATE OF c SKIP LOCKED
 )
 UPDATE callgate.calls AS c
-   SET dispatched_at = now(), dispatches = c.dispatches + 1
+   SET dispatched_at = now(), dispatches = c.dispatches + 1,
+       state = CASE WHEN c.state = 'awaiting_approval' THEN 'proposed' ELSE c.state END
   FROM due
  WHERE c.id = due.id
 RETURNING c.id

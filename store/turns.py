@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Engine, insert, select, text
+from sqlalchemy import Connection, Engine, insert, select, text
 
 from store import db
-from store.errors import UnknownTurn
+from store.errors import InputError, UnknownTurn
 from store.schema import calls, operations, turns
 from store.types import CallContext, ProposedCall, Turn, TurnCall
 
@@ -48,13 +48,17 @@ class ConversationFacts:
 
 Decide = Callable[[ConversationFacts], Sequence[PlannedCall]]
 
+# A conversation id is the application's, so it is scoped by tenant. Calls that were only
+# refused by these same rules never ran, so they do not make a later call a repeat.
 CONVERSATION_SQL = """
 SELECT count(*) AS prior_calls,
        coalesce(array_agg(c.tool_name || ':' || c.args_hash)
-                FILTER (WHERE c.state = 'failed_terminal'), '{}') AS failed
+                FILTER (WHERE c.state = 'failed_terminal'
+                          AND c.result #>> '{error,code}'
+                              NOT IN ('budget_exceeded', 'repeated_call')), '{}') AS failed
   FROM callgate.calls AS c
   JOIN callgate.turns AS t USING (turn_id)
- WHERE t.conversation_id = :conversation_id
+ WHERE t.conversation_id = :conversation_id AND t.tenant_id = :tenant_id
 """
 
 # Calls refused as they are recorded get their outbox row and trace event at once.
@@ -94,11 +98,15 @@ def record(
         facts = ConversationFacts(0, frozenset())
         if context.conversation_id is not None:
             conn.execute(
-                text("SELECT pg_advisory_xact_lock(hashtext('callgate.conversation:' || :c))"),
-                {"c": context.conversation_id},
+                text(
+                    "SELECT pg_advisory_xact_lock("
+                    "hashtext('callgate.conversation:' || :t || ':' || :c))"
+                ),
+                {"t": context.tenant_id, "c": context.conversation_id},
             )
             row = conn.execute(
-                text(CONVERSATION_SQL), {"conversation_id": context.conversation_id}
+                text(CONVERSATION_SQL),
+                {"conversation_id": context.conversation_id, "tenant_id": context.tenant_id},
             ).one()
             facts = ConversationFacts(
                 row.prior_calls,
@@ -134,6 +142,7 @@ def record(
                 for p in planned
             ],
         )
+        _check_operations_belong(conn, context, planned)
         conn.execute(
             text(
                 "INSERT INTO callgate.calls (id, turn_id, call_id, position, tool_name,"
@@ -172,6 +181,27 @@ def record(
         if any(p.refusal is not None for p in planned):
             conn.execute(text(REFUSED_SQL), {"turn_id": turn_id})
     return turn_id, list(planned)
+
+
+def _check_operations_belong(
+    conn: Connection, context: CallContext, planned: Sequence[PlannedCall]
+) -> None:
+    """A reused operation id must be this tenant's, for this tool: otherwise its result (or
+    its approval) would be shared across tenants or tools."""
+    owners = conn.execute(
+        text(
+            "SELECT operation_id, tenant_id, tool_name FROM callgate.operations"
+            " WHERE operation_id = ANY(:ops)"
+        ),
+        {"ops": [p.operation_id for p in planned]},
+    ).all()
+    owner = {r.operation_id: (r.tenant_id, r.tool_name) for r in owners}
+    for p in planned:
+        if owner.get(p.operation_id) != (context.tenant_id, p.proposal.tool_name):
+            raise InputError(
+                f"operation id {p.operation_id!r} was issued for another tenant or tool; "
+                "issue a new operation id for this call"
+            )
 
 
 def _arguments_document(arguments: Mapping[str, Any] | str) -> Any:

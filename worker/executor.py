@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Mapping
 from typing import Any
 
 from pydantic import BaseModel
@@ -92,47 +93,55 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
     try:
         tool, args = _check_call(d)
     except ToolError as err:
-        _finish(rt, reservations.reject(rt.engine, call_ref=call.ref, **_refusal(err, d)))
-        return "rejected"
+        return _reject(d, err)
     d.audit["schema_version"] = tool.schema_version
 
     principal = Principal(call.tenant_id, call.user_id, call.roles)
     key = idempotency_key(call.tenant_id, tool.name, call.operation_id)
+    d.audit["operation_key_hash"] = key[:16]
+
+    def intent_of(canonical: Mapping[str, Any]) -> str:
+        return intent_hash(
+            arguments=_plain(args),
+            tenant_id=call.tenant_id,
+            user_id=call.user_id,
+            tool_name=tool.name,
+            tool_version=tool.version,
+            schema_version=tool.schema_version,
+            resource=canonical,
+            scope=",".join(
+                sorted(r for r in call.roles if tool.name in rt.registry.allowlist.get(r, ()))
+            ),
+        )
+
+    if call.op_intent is not None and call.op_canonical is not None:
+        admitted = intent_of(call.op_canonical)
+        if admitted == call.op_intent:
+            # This exact intent was admitted before, against the canonical resource stored
+            # with it: every layer (the approval included) passed when it was reserved, or it
+            # was refused. Its layers are not judged again on today's state, which after a
+            # crash gap already holds the operation's own effect (the refund made the balance
+            # smaller; a newer payment may have arrived). Reuse the outcome, or take over.
+            d.audit["intent_hash"] = admitted
+            facts = Facts(canonical=call.op_canonical)
+            if call.op_state in ("succeeded", "failed"):
+                d.verdicts["idempotency"] = "reused"
+                return _reuse(d, admitted)
+            d.verdicts["idempotency"] = "admitted_before"
+            return _run(d, tool, args, key, admitted, facts)
+
     try:
-        facts = _resolve(tool, args, principal, key)
+        facts = _resolve(tool, args, principal)
     except ToolError as err:
         d.verdicts["business"] = err.code.value
-        _finish(rt, reservations.reject(rt.engine, call_ref=call.ref, **_refusal(err, d)))
-        return "rejected"
-
-    scope = sorted(r for r in call.roles if tool.name in rt.registry.allowlist.get(r, ()))
-    intent = intent_hash(
-        arguments=_plain(args),
-        tenant_id=call.tenant_id,
-        user_id=call.user_id,
-        tool_name=tool.name,
-        tool_version=tool.version,
-        schema_version=tool.schema_version,
-        resource=facts.canonical,
-        scope=",".join(scope),
-    )
+        return _reject(d, err)
+    intent = intent_of(facts.canonical)
     d.audit["intent_hash"] = intent
-    d.audit["operation_key_hash"] = key[:16]
-    if call.op_intent == intent:
-        # This exact intent was admitted before (every layer, the approval included, passed
-        # when it was first reserved), so the server-state layers are not judged again: after
-        # a crash gap the state they read already holds this operation's own effect (the
-        # refund made the balance smaller). Reuse the outcome, or take the reservation over.
-        if call.op_state in ("succeeded", "failed"):
-            d.verdicts["idempotency"] = "reused"
-            return _reuse(d, intent)
-        d.verdicts["idempotency"] = "admitted_before"
-        return _run(d, tool, args, key, intent, facts)
 
     # Layers 4–6 read server state: a refusal is the operation's outcome for this intent.
     layer = "business"
     try:
-        gate.check_business(tool, args, facts)
+        gate.check_business(tool, args, facts, principal)
         d.verdicts[layer] = "pass"
         layer = "authorization"
         gate.check_authorized(tool, args, facts, principal)
@@ -142,10 +151,10 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
         d.verdicts[layer] = "approval_required" if impact is not None else "no_approval_needed"
     except ToolError as err:
         d.verdicts[layer] = err.code.value
-        return _refuse(d, intent, err)
+        return _refuse(d, intent, err, facts.canonical)
 
     if impact is not None:
-        parked = _settle_approval(d, tool, intent, impact)
+        parked = _settle_approval(d, tool, intent, impact, facts)
         if parked is not None:
             return parked
 
@@ -170,12 +179,12 @@ def _check_call(d: _Delivery) -> tuple[Tool, Arguments]:
     return tool, args
 
 
-def _resolve(tool: Tool, args: Arguments, principal: Principal, key: str) -> Facts:
+def _resolve(tool: Tool, args: Arguments, principal: Principal) -> Facts:
     """The status lookup behind the intent and the business and authorization layers."""
     if tool.resolve is None:
         return Facts()
     try:
-        return tool.resolve(args, principal, key)
+        return tool.resolve(args, principal)
     except ToolError:
         raise
     except Exception as exc:  # the lookup's service failed; the same call may work later
@@ -185,7 +194,9 @@ def _resolve(tool: Tool, args: Arguments, principal: Principal, key: str) -> Fac
         ) from exc
 
 
-def _settle_approval(d: _Delivery, tool: Tool, intent: str, impact: dict[str, Any]) -> str | None:
+def _settle_approval(
+    d: _Delivery, tool: Tool, intent: str, impact: dict[str, Any], facts: Facts
+) -> str | None:
     """Steps 6–7. ``None`` when an approval for exactly this intent is granted."""
     call = d.call
     for _ in range(SETTLE_ATTEMPTS):
@@ -215,7 +226,7 @@ def _settle_approval(d: _Delivery, tool: Tool, intent: str, impact: dict[str, An
     if settled.state == "denied":
         d.verdicts["approval"] = ErrorCode.APPROVAL_DENIED.value
         denied = ToolError("an approver denied this action", code=ErrorCode.APPROVAL_DENIED)
-        return _refuse(d, intent, denied)
+        return _refuse(d, intent, denied, facts.canonical)
     d.verdicts["approval"] = "granted"
     return None
 
@@ -230,6 +241,7 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
         turn_id=call.turn_id,
         owner_token=owner,
         intent_hash=intent,
+        canonical=facts.canonical,
         lease_seconds=rt.settings.lease_seconds,
         detail=d.audit,
     )
@@ -299,7 +311,7 @@ def _safe_to_take_over(tool: Tool) -> bool:
     return tool.effect.idempotent or tool.downstream.idempotency_keys or tool.downstream.fencing
 
 
-def _refuse(d: _Delivery, intent: str, err: ToolError) -> str:
+def _refuse(d: _Delivery, intent: str, err: ToolError, canonical: Mapping[str, Any]) -> str:
     """End the operation with a refusal decided on server state, unless another delivery
     reserved or finished it first (then that delivery's outcome stands)."""
     outcome = reservations.refuse(
@@ -307,6 +319,7 @@ def _refuse(d: _Delivery, intent: str, err: ToolError) -> str:
         operation_id=d.call.operation_id,
         call_ref=d.call.ref,
         intent_hash=intent,
+        canonical=canonical,
         **_refusal(err, d),
     )
     if isinstance(outcome, reservations.NotReserved):
@@ -325,14 +338,22 @@ def _lost(d: _Delivery, lost: reservations.NotReserved, intent: str) -> str:
             "this operation id was registered with a different intent",
             code=ErrorCode.IDEMPOTENCY_CONFLICT,
         )
-        _finish(
-            d.rt, reservations.reject(d.rt.engine, call_ref=d.call.ref, **_refusal(conflict, d))
-        )
-        return "conflict"
+        return _reject(d, conflict)
     # busy: another live owner runs it, and its completion ends every open call of the
     # operation; ended: another delivery already finished this call.
     d.trace("duplicate_delivery", reason=lost.reason, generation=lost.generation)
     return "duplicate_delivery"
+
+
+def _reject(d: _Delivery, err: ToolError) -> str:
+    """End this call, if no delivery started it, with a refusal decided on the call alone."""
+    finished = reservations.reject(d.rt.engine, call_ref=d.call.ref, **_refusal(err, d))
+    if not finished.finished:
+        # Another delivery reserved it (or ended it) first; its outcome stands.
+        d.trace("duplicate_delivery", reason="call_not_proposed", refused=err.code.value)
+        return "duplicate_delivery"
+    _finish(d.rt, finished)
+    return "rejected"
 
 
 def _reuse(d: _Delivery, intent: str) -> str:

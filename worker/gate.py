@@ -134,10 +134,10 @@ def _json_schema_details(err: SchemaError) -> list[dict[str, Any]]:
     return [{"path": json_pointer(path), "code": kind, "expected": expected}]
 
 
-def check_business(tool: Tool, args: Arguments, facts: Facts) -> None:
+def check_business(tool: Tool, args: Arguments, facts: Facts, principal: Principal) -> None:
     """Step 4: is this value possible in the current server state?"""
     if tool.validate is not None:
-        tool.validate(args, facts)
+        tool.validate(args, facts, principal)
 
 
 def check_authorized(tool: Tool, args: Arguments, facts: Facts, principal: Principal) -> None:

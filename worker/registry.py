@@ -61,10 +61,8 @@ class ExecutionContext:
 Handler = Callable[[Any, ExecutionContext], dict[str, Any]]
 # Policy hooks. Only ``resolve`` may do I/O (a status lookup); the others are pure decisions
 # over the validated arguments, the facts and the principal, and raise ``ToolError``.
-# ``resolve`` also gets the operation's idempotency key, so a lookup after a crash gap can
-# count the operation's own earlier effect as part of its resource (not as someone else's).
-Resolver = Callable[[Any, Principal, str], Facts]
-BusinessRule = Callable[[Any, Facts], None]
+Resolver = Callable[[Any, Principal], Facts]
+BusinessRule = Callable[[Any, Facts, Principal], None]
 Authorizer = Callable[[Any, Facts, Principal], None]
 RiskPolicy = Callable[[Any, Facts, Principal], "dict[str, Any] | None"]
 

@@ -26,19 +26,28 @@ _SECRET_KEY = re.compile(
     r"credential|session[_-]?id|otp",
     re.IGNORECASE,
 )
-# Secrets written inline in text.
+# Secrets written inline in text. "(?<![A-Za-z0-9])" rather than "\b": "\b" does not
+# match after "_", and "access_token=" or "client_secret:" must be caught.
+_NAME = (
+    r"(?<![A-Za-z0-9])([A-Za-z0-9_.-]*"
+    r"(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key))"
+)
 _INLINE_SECRETS = (
     (
-        re.compile(
-            r"\b(password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key)"
-            r"(\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s;,]+)",
-            re.IGNORECASE,
-        ),
+        re.compile(_NAME + r"([\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s;,&]+)", re.IGNORECASE),
         rf"\1\2{REDACTED}",
     ),
-    (re.compile(r"\b(stack(?:trace)?)(\s*[=:]\s*)[^;\n]+", re.IGNORECASE), rf"\1\2{REDACTED}"),
-    (re.compile(r"\bBearer\s+[A-Za-z0-9._~+/=-]+", re.IGNORECASE), f"Bearer {REDACTED}"),
-    (re.compile(r"\b(sk|pk|rk|ghp|xox[abp])[-_][A-Za-z0-9_-]{12,}"), REDACTED),
+    (
+        re.compile(r"(?<![A-Za-z0-9])(stack(?:trace)?)(\s*[=:]\s*)[^;\n]+", re.IGNORECASE),
+        rf"\1\2{REDACTED}",
+    ),
+    (
+        re.compile(r"\b(Bearer|Basic|Token)\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE),
+        rf"\1 {REDACTED}",
+    ),
+    # Credentials in a URL: scheme://user:password@host
+    (re.compile(r"(?<=://)[^/\s:@]+:[^/\s@]+@"), f"{REDACTED}@"),
+    (re.compile(r"\b(sk|pk|rk|ghp|gho|xox[abp])[-_][A-Za-z0-9_-]{12,}"), REDACTED),
     (re.compile(r"\bAKIA[0-9A-Z]{16}\b"), REDACTED),
     (
         re.compile(r"-----BEGIN [A-Z ]*PRIVATE KEY-----.*?-----END [A-Z ]*PRIVATE KEY-----", re.S),

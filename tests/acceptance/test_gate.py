@@ -8,6 +8,7 @@ refunds applied.
 from __future__ import annotations
 
 import json
+import signal
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -83,12 +84,12 @@ def pre_approve(
     The intent is computed with the demo registry's own resolver, as a worker does; if this
     drifted from the executor, the "normal-allowed" row would park instead of running.
     """
-    tool = demo_registry(DemoServices(producer.settings)).tools["refund_payment"]
+    registry = demo_registry(DemoServices(producer.settings))
+    tool = registry.tools["refund_payment"]
     parsed = tool.arguments.model_validate(args)  # type: ignore[union-attr]
-    key = idempotency_key(ctx["tenant_id"], tool.name, op)
     principal = Principal(ctx["tenant_id"], ctx["user_id"], tuple(ctx["roles"]))
     assert tool.resolve is not None and tool.risk is not None
-    facts = tool.resolve(parsed, principal, key)
+    facts = tool.resolve(parsed, principal)
     intent = intent_hash(
         arguments=parsed.model_dump(mode="json"),
         tenant_id=ctx["tenant_id"],
@@ -97,7 +98,9 @@ def pre_approve(
         tool_version=tool.version,
         schema_version=tool.schema_version,
         resource=facts.canonical,
-        scope="support",
+        scope=",".join(
+            sorted(r for r in ctx["roles"] if tool.name in registry.allowlist.get(r, ()))
+        ),
     )
     with engine.begin() as conn:
         conn.execute(
@@ -211,15 +214,19 @@ GATE_TABLE: list[tuple[str, dict[str, bool], int]] = [
 
 
 def expected_stop(d: dict[str, bool]) -> str:
-    """The first layer that refuses, in SPEC §3 order; or the outcome when none does."""
-    for flag, code in (
-        ("allowed", "tool_not_allowed"),
-        ("schema_valid", "invalid_arguments"),
-        ("business_valid", "refund_amount_exceeded"),
-        ("authorized", "permission_denied"),
-    ):
+    """The first layer that refuses, in SPEC §3 order; or the outcome when none does.
+
+    The business rules judge only an order of the caller's own tenant: on another tenant's
+    order they say nothing, and authorization refuses it, so that a refusal never tells one
+    tenant about another's amounts.
+    """
+    for flag, code in (("allowed", "tool_not_allowed"), ("schema_valid", "invalid_arguments")):
         if not d[flag]:
             return code
+    if not d["authorized"]:
+        return "permission_denied"
+    if not d["business_valid"]:
+        return "refund_amount_exceeded"
     if d["approval_required"] and not d["approval_granted"]:
         return "awaiting_approval"
     return "succeeded"
@@ -262,7 +269,10 @@ def test_the_23_row_gate_table_through_real_workers(producer, stack, engine):
     for name, d, expected, order, amount, ctx, op in rows:
         _, ref, op_id, key = submit_one(producer, ctx, "refund_payment", refund(order, amount), op)
         if d["approval_granted"] and d["approval_required"]:
-            pre_approve(producer, engine, op_id, SUPPORT_A, refund(order, NEEDS_APPROVAL))
+            # Granted for this very call's intent when it has one (valid schema), else for
+            # the valid arguments it would have had: either way, never a way past a layer.
+            args = refund(order, amount if d["schema_valid"] else NEEDS_APPROVAL)
+            pre_approve(producer, engine, op_id, ctx, args)
         submitted.append((name, d, expected, ref, op_id, key))
 
     stack(workers=3)
@@ -374,8 +384,8 @@ def test_refund_table_each_row_stops_at_its_layer(producer, stack, engine):
     assert {"request_id", "tool_call_id", "schema_version", "intent_hash"} <= set(completed)
     assert {"operation_key_hash", "duration_ms", "status"} <= set(completed)
     assert events[-1]["generation"] == 1
-    # Neither the owner token nor the arguments are ever written to the trace.
-    assert "owner" not in shown.stdout and str(NEEDS_APPROVAL) not in json.dumps(completed)
+    # The arguments are never written to the trace (the owner token: see the takeover test).
+    assert str(NEEDS_APPROVAL) not in json.dumps(events)
 
     # 6. Idempotency: the same operation redelivered after a timeout reuses the first result.
     turn2, ref2, _, _ = submit_one(
@@ -504,3 +514,35 @@ def test_racing_refunds_never_exceed_the_payment(producer, stack, engine):
     assert refunded == total == 10_000
     assert outcomes.count("succeeded") == 10
     assert outcomes.count("refund_amount_exceeded") == 10
+
+
+def test_takeover_after_a_crash_keeps_the_admitted_payment(producer, stack, engine):
+    """Crash gap, and meanwhile the order gets a newer payment: the new owner still refunds
+    the payment the intent was admitted for, with the same key (replayed), not the newer one
+    and not an idempotency_conflict."""
+    s = stack(
+        workers=1,
+        CALLGATE_DEMO_DELAY_MS="refund_payment=0:2000",
+        CALLGATE_LEASE_SECONDS="1",
+        CALLGATE_SWEEP_SECONDS="0.2",
+    )
+    order, first_payment = new_order(engine, "tenant-a", amount=20_000)
+    turn_id, ref, op, key = submit_one(producer, SUPPORT_A, "refund_payment", refund(order, 5_000))
+    wait_until(lambda: effects_for(engine, key), what="the refund to reach the provider")
+    owner = scalar(
+        engine, "SELECT owner_token FROM callgate.operations WHERE operation_id = :o", o=op
+    )
+    s.signal("worker-1", signal.SIGKILL)
+    s.procs["worker-1"].wait()
+    with engine.begin() as conn:
+        downstream.add_payment(conn, order, "tenant-a", "m", f"pay-late-{op[-6:]}", 9_000, "KRW")
+    s.start_worker("worker-2")
+    (result,) = producer.collect(turn_id, timeout=20).results
+    assert result.status == "succeeded"
+    assert result.data["content"]["payment_id"] == first_payment
+    assert result.data["content"]["replayed"] is True
+    assert (requests_for(engine, key), effects_for(engine, key)) == (2, 1)
+    assert trace_events(engine, ref, "takeover")
+    # The owner token of generation 1 was live a moment ago; the trace never holds it.
+    shown = callgate("trace", turn_id, "--json", env=producer_env(producer)).stdout
+    assert owner is not None and str(owner) not in shown and "takeover" in shown

@@ -219,8 +219,27 @@ def test_errors_keep_only_safe_fixable_fields() -> None:
     }
 
 
+@pytest.mark.parametrize(
+    ("text", "secret"),
+    [
+        ("access_token=abc123def", "abc123def"),
+        ('refresh_token: "r-7788"', "r-7788"),
+        ("client_secret=s3cr3t&x=1", "s3cr3t"),
+        ('{"password": "hunter2"}', "hunter2"),
+        ("Authorization: Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
+        ("postgres://bob:pw123@db:5432/x", "pw123"),
+        ("key ghp_abcdefghijklmnop1234", "ghp_abcdefghijklmnop1234"),
+    ],
+)
+def test_common_secret_spellings_are_redacted(text: str, secret: str) -> None:
+    notes: list[str] = []
+    assert secret not in redact_text(text, 500, notes)
+    assert notes == ["secret_redacted"]
+
+
 def test_redact_text_leaves_plain_text_alone() -> None:
-    assert redact_text("22 celsius in Seoul", 100) == "22 celsius in Seoul"
+    for plain in ("22 celsius in Seoul", "the password is strong", "tokens are fine"):
+        assert redact_text(plain, 100) == plain
 
 
 # --- budgets and repeated calls -------------------------------------------------------------

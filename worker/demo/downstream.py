@@ -422,8 +422,7 @@ class Payments(Provider):
 
 SEARCH_SQL = """
 SELECT email_id FROM downstream.emails
- WHERE tenant_id = :tenant AND account = :account
-   AND (deleted_at IS NULL OR deleted_by = :key)
+ WHERE tenant_id = :tenant AND account = :account AND deleted_at IS NULL
    AND subject ILIKE '%' || :query || '%'
  ORDER BY email_id
  LIMIT :limit
@@ -444,11 +443,8 @@ class Mailbox(Provider):
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine, "mailbox")
 
-    def search(
-        self, *, tenant_id: str, account: str, query: str, limit: int, operation_key: str = ""
-    ) -> list[str]:
-        """Dry run: the ids a query matches now, at most ``limit`` of them, sorted. E-mails
-        deleted under ``operation_key`` still count: they are that operation's own set."""
+    def search(self, *, tenant_id: str, account: str, query: str, limit: int) -> list[str]:
+        """Dry run: the ids a query matches now, at most ``limit`` of them, sorted."""
         escaped = query.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         with self.engine.connect() as conn:
             rows = conn.execute(
@@ -458,7 +454,6 @@ class Mailbox(Provider):
                     "account": account,
                     "query": escaped,
                     "limit": limit,
-                    "key": operation_key,
                 },
             )
             return [r.email_id for r in rows]

@@ -7,14 +7,16 @@ Writes: ``refund_payment(order_id, amount, currency)`` through the payments prov
 delete, batch) through the mailbox provider.
 
 Policies, all decided on server state (never on model arguments):
-- refund_payment: the canonical resource is the order's newest payment. Business: the order
-  exists, the currency is the payment's, the amount fits the remaining refundable amount.
-  Authorization: the order belongs to the caller's tenant. Risk: an amount at or above
-  ``CALLGATE_DEMO_APPROVAL_AMOUNT`` (default 100000) needs an approval.
+- refund_payment: the canonical resource is the order's newest payment. Business (on an order
+  the caller's tenant owns): the currency is the payment's, the amount fits the remaining
+  refundable amount. Authorization: the order exists and belongs to the caller's tenant; a
+  missing order and another tenant's are refused alike (``permission_denied``), and the
+  business rules say nothing about them, so neither existence nor amounts leak. Risk: an
+  amount at or above ``CALLGATE_DEMO_APPROVAL_AMOUNT`` (default 100000) needs an approval.
 - delete_emails: the canonical resource is the exact set of the caller's e-mails the query
   matches now. Business: at least one, at most ``BATCH_CAP``. Risk: ``DELETE_APPROVAL_AT``
   or more e-mails need one approval showing the count and the account.
-- read_email: only the mailbox owner may read an e-mail.
+- read_email: only the mailbox owner may read an e-mail; a missing one is refused alike.
 """
 
 from __future__ import annotations
@@ -250,7 +252,7 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
         }
 
     # refund_payment -------------------------------------------------------------------
-    def resolve_order(args: Any, principal: Principal, key: str) -> Facts:
+    def resolve_order(args: Any, principal: Principal) -> Facts:
         order = svc.payments.lookup_order(args.order_id)
         if order is None:
             return Facts(state={"found": False})
@@ -264,13 +266,11 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
             },
         )
 
-    def refund_rules(args: Any, facts: Facts) -> None:
-        if not facts.state["found"]:
-            raise ToolError(
-                "no such order",
-                code=ErrorCode.NOT_FOUND,
-                details=[{"path": "/order_id", "code": "not_found", "expected": "a known order"}],
-            )
+    def refund_rules(args: Any, facts: Facts, principal: Principal) -> None:
+        # A missing order, or another tenant's, has no business verdict here: authorization
+        # refuses both alike, so neither its existence nor its amounts leak.
+        if not facts.state["found"] or facts.state["tenant_id"] != principal.tenant_id:
+            return
         if args.currency != facts.state["currency"]:
             raise ToolError(
                 "currency differs from the payment's",
@@ -280,8 +280,6 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
                 ],
             )
         if args.amount > facts.state["remaining"]:
-            # No number in the detail: the order may be another tenant's (business validation
-            # runs before authorization, SPEC §3).
             raise ToolError(
                 "amount exceeds the payment's remaining refundable amount",
                 code=ErrorCode.REFUND_AMOUNT_EXCEEDED,
@@ -295,7 +293,7 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
             )
 
     def refund_authorized(args: Any, facts: Facts, principal: Principal) -> None:
-        if facts.state["tenant_id"] != principal.tenant_id:
+        if not facts.state["found"] or facts.state["tenant_id"] != principal.tenant_id:
             raise _permission_denied("this order")
 
     def refund_risk(args: Any, facts: Facts, principal: Principal) -> dict[str, Any] | None:
@@ -338,22 +336,20 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
         return response
 
     # delete_emails --------------------------------------------------------------------
-    def resolve_mailbox(args: Any, principal: Principal, key: str) -> Facts:
-        # One more than the cap, so "too many" is visible without reading them all. E-mails
-        # this operation itself already deleted still belong to its set (crash gap).
+    def resolve_mailbox(args: Any, principal: Principal) -> Facts:
+        # One more than the cap, so "too many" is visible without reading them all.
         ids = svc.mailbox.search(
             tenant_id=principal.tenant_id,
             account=principal.user_id,
             query=args.query,
             limit=BATCH_CAP + 1,
-            operation_key=key,
         )
         return Facts(
             canonical={"account": principal.user_id, "email_ids": ids},
             state={"count": len(ids)},
         )
 
-    def delete_rules(args: Any, facts: Facts) -> None:
+    def delete_rules(args: Any, facts: Facts, principal: Principal) -> None:
         count = facts.state["count"]
         if count == 0:
             raise ToolError(
@@ -402,7 +398,7 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
         return response
 
     # read_email -----------------------------------------------------------------------
-    def resolve_email(args: Any, principal: Principal, key: str) -> Facts:
+    def resolve_email(args: Any, principal: Principal) -> Facts:
         email = svc.mailbox.read(args.email_id)
         if email is None or email["deleted"]:
             return Facts(state={"found": False})
@@ -411,16 +407,9 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
             state={"found": True, "tenant_id": email["tenant_id"], "account": email["account"]},
         )
 
-    def read_rules(args: Any, facts: Facts) -> None:
-        if not facts.state["found"]:
-            raise ToolError(
-                "no such e-mail",
-                code=ErrorCode.NOT_FOUND,
-                details=[{"path": "/email_id", "code": "not_found", "expected": "a known e-mail"}],
-            )
-
     def read_authorized(args: Any, facts: Facts, principal: Principal) -> None:
-        if (facts.state["tenant_id"], facts.state["account"]) != (
+        # A missing e-mail and another user's are refused alike: no existence oracle.
+        if not facts.state["found"] or (facts.state["tenant_id"], facts.state["account"]) != (
             principal.tenant_id,
             principal.user_id,
         ):
@@ -467,7 +456,6 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
             read_email,
             result=ReadEmailResult,
             resolve=resolve_email,
-            validate=read_rules,
             authorize=read_authorized,
         ),
         Tool(

@@ -16,6 +16,7 @@ TZ = sa.DateTime(timezone=True)
 
 
 def upgrade() -> None:
+    op.add_column("operations", sa.Column("canonical", JSONB), schema=S)
     op.add_column("turns", sa.Column("conversation_id", sa.Text), schema=S)
     op.create_index("turns_conversation", "turns", ["conversation_id"], schema=S)
     op.create_table(
