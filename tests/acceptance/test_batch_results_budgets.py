@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import signal
 import uuid
 from typing import Any
 
@@ -188,3 +189,54 @@ def test_budgets_and_repeated_calls_end_calls_without_running_them(service_env, 
             )
     finally:
         producer.close()
+
+
+def test_an_unfenced_irreversible_write_is_never_taken_over(producer, stack, engine):
+    """SPEC §7: owner died in the crash gap of a write whose downstream has no key, no fence
+    and no lookup. The next owner must not run it again: the call ends
+    ``reconciliation_pending`` for a person, with the one charge that happened."""
+    from tests.acceptance import legacy_tools
+
+    tools = "tests.acceptance.legacy_tools:registry"
+    s = stack(
+        workers=1,
+        CALLGATE_TOOLS=tools,
+        CALLGATE_DEMO_DELAY_MS="charge_legacy=0:2000",
+        CALLGATE_LEASE_SECONDS="1",
+        CALLGATE_SWEEP_SECONDS="0.2",
+    )
+    legacy = Producer(
+        settings=producer.settings,
+        engine=producer.engine,
+        redis_connection=producer.redis,
+        registry=legacy_tools.registry(),
+    )
+    turn_id, ref, _, key = submit_one(legacy, SUPPORT_A, "charge_legacy", {"amount": 500})
+    wait_until(lambda: requests_for(engine, key), what="the charge to reach the gateway")
+    s.signal("worker-1", signal.SIGKILL)
+    s.procs["worker-1"].wait()
+    s.start_worker("worker-2")
+    (result,) = legacy.collect(turn_id, timeout=20).results
+    assert result.status == "failed_terminal"
+    assert result.error.code == "reconciliation_pending"
+    assert requests_for(engine, key) == 1  # the handler did not run a second time
+    assert trace_events(engine, ref, "takeover")
+
+
+def test_allowlists_come_from_configuration(producer, stack, engine, service_env):
+    allow = '{"support": ["get_news"], "viewer": []}'
+    stack(workers=1, CALLGATE_ALLOWLIST=allow)
+    refund = {"order_id": "O-17", "amount": 12000, "currency": "KRW"}
+    _, r1, _, k1 = submit_one(producer, SUPPORT_A, "refund_payment", refund)
+    _, r2, _, _ = submit_one(producer, SUPPORT_A, "get_news", {"topic": "tech"})
+    assert final(engine, r1)["result"]["error"]["code"] == "tool_not_allowed"
+    assert final(engine, r2)["state"] == "succeeded"
+    assert requests_for(engine, k1) == 0
+    env = {**service_env, "CALLGATE_ALLOWLIST": allow}
+    shown = json.loads(callgate("tools", "--role", "support", env=env).stdout)
+    assert [t["name"] for t in shown] == ["get_news"]
+    bad = callgate(
+        "tools", "--role", "support", env={**env, "CALLGATE_ALLOWLIST": '{"x": ["rm_rf"]}'}
+    )
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr
+    assert bad.stderr.startswith("callgate: invalid_configuration: ")
