@@ -134,15 +134,21 @@ def test_a_final_answer_records_nothing(tmp_path, service_env, engine):
 
 
 def test_tools_for_a_role_in_each_surface_form(service_env):
-    for surface, names_of in {
+    names_of = {
         "openai-chat": lambda d: [t["function"]["name"] for t in d],
+        "openai-responses": lambda d: [t["name"] for t in d],
         "anthropic-messages": lambda d: [t["name"] for t in d],
-    }.items():
+        "gemini-generate-content": lambda d: [
+            f["name"] for t in d for f in t["functionDeclarations"]
+        ],
+        "gemini-interactions": lambda d: [t["name"] for t in d],
+    }
+    for surface, names in names_of.items():
         out = callgate("tools", "--role", "viewer", "--provider", surface, env=service_env)
         assert out.returncode == 0, out.stderr
-        assert sorted(names_of(json.loads(out.stdout))) == [
+        assert sorted(names(json.loads(out.stdout))) == [
             "get_news",
             "get_stock",
             "get_weather",
             "read_email",
-        ]
+        ], surface
