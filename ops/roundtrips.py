@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -81,7 +82,8 @@ def main() -> None:
     downstream.install(engine)
     producer = Producer.from_env(settings)
     services = DemoServices(settings)
-    rt = dataclasses.replace(runtime.Runtime.create(settings), registry=demo_registry(services))
+    registry = demo_registry(services)
+    rt = dataclasses.replace(runtime.Runtime.create(settings), registry=registry)
     for e in (producer.engine, rt.engine):
         _count_postgres(e)
     _count_postgres(services.engine, label="downstream")
@@ -106,9 +108,11 @@ def main() -> None:
     ]
     with phase("submit"):
         turn = producer.submit(proposals, ctx)
+    started = time.perf_counter()
     with phase("worker"):
         for call in turn.calls:
             executor.execute(rt, uuid.UUID(call.ref))
+    worker_ms = (time.perf_counter() - started) * 1000
     with phase("relayer"):
         relayer.drain(producer.engine, producer.redis, queue=settings.queue, batch=100)
     with phase("collect"):
@@ -122,6 +126,7 @@ def main() -> None:
         if ds := COUNTS[f"{name}:downstream"]:
             line += f"   downstream postgres {ds / n:5.2f} [{ds:3d}]"
         print(line)
+    print(f"  worker wall time {worker_ms / n:.2f} ms per call")
     rt.queue.empty()  # type: ignore[no-untyped-call]
 
 
