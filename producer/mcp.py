@@ -16,7 +16,8 @@ the outcome back to the provider call id:
   arguments in a *new* call), ``upstream_unavailable`` retryable with
   ``structuredContent.retryAfterMs``, anything else ``mcp_tool_execution_failed`` terminal.
   The text content becomes ``mcp_tool_detail`` details with secrets and stack traces
-  redacted and each message capped;
+  redacted (``worker.results.redact_text``, the redactor safe results use) and each message
+  capped;
 - success → ``Succeeded`` whose ``data`` is ``{"content": [...]}`` plus
   ``"structuredContent"`` when the server sent one (``data`` is an object in callgate's
   result type, while MCP content is a list). Result values are not filtered here: the
@@ -25,13 +26,13 @@ the outcome back to the provider call id:
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from typing import Any
 
 from producer.adapters.base import AdapterError, show, to_plain
 from store.errors import ErrorCode
 from store.types import AppError, FailedRetryable, FailedTerminal, SafeErrorDetail, Succeeded
+from worker.results import redact_text
 
 INVALID_PARAMS = -32602
 DETAIL_CODE = "mcp_tool_detail"
@@ -39,28 +40,17 @@ MAX_DETAIL_LENGTH = 240  # the seed's cap
 MAX_DETAILS = 8
 MAX_RETRY_AFTER_MS = 24 * 60 * 60 * 1000
 
-# key=value / key: value secrets. The seed redacts token|secret|password; these are the
-# same idea widened to the spellings servers actually print.
-_SECRET = re.compile(
-    r"(token|secret|password|passwd|pwd|api[_-]?key|access[_-]?token|refresh[_-]?token"
-    r"|client[_-]?secret|authorization|auth)(\s*[=:]\s*)(?:\"[^\"]*\"|'[^']*'|[^\s;,]+)",
-    re.IGNORECASE,
-)
-_BEARER = re.compile(r"\bBearer\s+[^\s;,]+", re.IGNORECASE)
-_STACK = re.compile(r"\bstack(\s*[=:]\s*)[^;]*", re.IGNORECASE)
-_TRACEBACK = re.compile(r"Traceback \(most recent call last\):.*", re.DOTALL)
-
 Result = Succeeded | FailedRetryable | FailedTerminal
 
 
-def sanitise(message: str) -> str:
-    """Redact secrets and stack traces from one line of tool output, then cap its length."""
-    # Bearer first: otherwise "Authorization: Bearer x" would redact the word Bearer only.
-    message = _BEARER.sub("Bearer [redacted]", message)
-    message = _SECRET.sub(lambda m: f"{m.group(1)}{m.group(2)}[redacted]", message)
-    message = _STACK.sub(lambda m: f"stack{m.group(1)}[redacted]", message)
-    message = _TRACEBACK.sub("[traceback redacted]", message)
-    return message[:MAX_DETAIL_LENGTH]
+def sanitise(message: str, notes: list[str] | None = None) -> str:
+    """Redact secrets and stack traces from one line of tool output, then cap its length.
+
+    ``notes`` collects what was redacted or capped, for the trace.
+    """
+    notes = notes if notes is not None else []
+    # redact_text appends a truncation marker past the cap; the seed's cap is a hard one.
+    return redact_text(message, MAX_DETAIL_LENGTH, notes)[:MAX_DETAIL_LENGTH]
 
 
 def _details(content: object) -> tuple[SafeErrorDetail, ...]:
@@ -106,7 +96,7 @@ def normalise_result(
         raise AdapterError("the MCP response is not a JSON object", code=ErrorCode.MCP_WIRE_ERROR)
     if not _same_id(message.get("id"), request_id):
         raise AdapterError(
-            f"MCP response id {show(message.get('id'))} does not answer request {request_id!r}",
+            f"MCP response id {show(message.get('id'))} does not answer request {show(request_id)}",
             code=ErrorCode.MCP_RESPONSE_ID_MISMATCH,
         )
 

@@ -33,6 +33,15 @@ _NAME = (
     r"(?:password|passwd|pwd|secret|token|api[_-]?key|access[_-]?key|private[_-]?key))"
 )
 _INLINE_SECRETS = (
+    # An Authorization header's value is a credential whatever its scheme or length: whole.
+    (
+        re.compile(
+            r"(?<![A-Za-z0-9])((?:proxy-)?authori[sz]ation[\"']?\s*[=:]\s*)"
+            r"(\"[^\"]*\"|'[^']*'|[^;,\n]+)",
+            re.IGNORECASE,
+        ),
+        rf"\1{REDACTED}",
+    ),
     (
         re.compile(_NAME + r"([\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\s;,&]+)", re.IGNORECASE),
         rf"\1\2{REDACTED}",

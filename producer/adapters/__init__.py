@@ -32,7 +32,7 @@ from producer.adapters import (
     openai_responses,
     streaming,
 )
-from producer.adapters.base import AdapterCorrelationError, AdapterError, fail, to_plain
+from producer.adapters.base import AdapterCorrelationError, AdapterError, fail, show, to_plain
 from producer.adapters.definitions import ToolSpec, specs
 from producer.adapters.results import Result, as_proposals, correlate
 from store.errors import ErrorCode
@@ -84,7 +84,7 @@ def _adapter(surface: str) -> _Surface:
     if adapter is None:
         fail(
             ErrorCode.UNSUPPORTED_SURFACE,
-            f"unknown API surface {surface!r}; expected one of {', '.join(SURFACES)}",
+            f"unknown API surface {show(surface)}; expected one of {', '.join(SURFACES)}",
         )
     return adapter
 
@@ -135,11 +135,16 @@ def write_results(surface: str, proposals: Iterable[object], results: Iterable[o
     ``function_call_output`` items; anthropic-messages one ``user`` message of
     ``tool_result`` blocks (``is_error`` on failures); gemini-generate-content one ``user``
     content of ``functionResponse`` parts; gemini-interactions ``{"input": [function_result
-    ...]}``. Items follow the caller's order, except on Gemini when a call had no provider
-    id: then the model's call order, which Gemini matches by position.
+    ...]}``. Items follow the caller's order, except on Gemini GenerateContent when a call
+    had no provider id: then the model's call order, which Gemini matches by position. No
+    proposals at all is ``invalid_input``: there is nothing to send back.
     """
     adapter = _adapter(surface)
     calls = as_proposals(proposals)
+    if not calls:
+        # An empty tool-result message is refused by Anthropic and Gemini and means nothing
+        # anywhere: a turn without calls has no results to send back.
+        fail(ErrorCode.INVALID_INPUT, "no proposals: there are no results to write")
     return adapter.write(calls, correlate(calls, results))
 
 

@@ -5,7 +5,9 @@ Text and thinking blocks beside tool blocks are skipped, never allowed to hide t
 connector) are the provider's to execute and are skipped. A ``tool_use`` the model made from
 inside code execution (``caller.type`` other than ``direct``) still waits for an application
 result, so it is read like any other. ``stop_reason: tool_use`` with no ``tool_use`` block is
-``missing_tool_calls``. Results go back as one ``user`` message; failures set ``is_error``.
+``missing_tool_calls``; ``tool_use`` blocks under a stop reason that cut the message off
+(``max_tokens``, ``model_context_window_exceeded``, ``refusal``) are refused. Results go
+back as one ``user`` message; failures set ``is_error``.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from functools import partial
 from typing import Any
 
 from producer.adapters import names
-from producer.adapters.base import arr, fail, obj, proposal, unique
+from producer.adapters.base import arr, fail, obj, proposal, show, unique
 from producer.adapters.definitions import ToolSpec
 from producer.adapters.results import Result, body_text, is_error
 from store.errors import ErrorCode
@@ -22,6 +24,27 @@ from store.types import ProposedCall
 
 SURFACE = "anthropic-messages"
 _decode = partial(names.tool_name, SURFACE)
+# Stop reasons that end generation mid-message: a tool_use block under one may be truncated
+# (its input cut short, or the calls after it never emitted). ``refusal`` is included because
+# a streaming classifier stops the output wherever it is.
+_CUT_OFF = ("max_tokens", "model_context_window_exceeded", "refusal")
+
+
+def refuse_cut_off(stop_reason: object, content: list[object]) -> None:
+    """Refuse ``tool_use`` blocks in a message that stopped before it was finished.
+
+    Checked before any block is parsed, so a truncated input is reported as cut off rather
+    than as bad JSON. A message without tool blocks is still a (truncated) final answer.
+    """
+    if stop_reason not in _CUT_OFF:
+        return
+    if any(isinstance(block, dict) and block.get("type") == "tool_use" for block in content):
+        fail(
+            ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            f"the response was cut off (stop_reason {show(stop_reason)}) with tool_use blocks;"
+            " a cut-off call is never read as complete",
+            "stop_reason",
+        )
 
 
 def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
@@ -30,6 +53,7 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
     if root.get("type") == "error" or root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response is an API error", "error")
     content = arr(root.get("content"), ErrorCode.INVALID_PROVIDER_ENVELOPE, "content", "content")
+    refuse_cut_off(root.get("stop_reason"), content)
     proposals: list[ProposedCall] = []
     for index, raw in enumerate(content):
         at = f"content[{index}]"

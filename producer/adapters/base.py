@@ -22,6 +22,8 @@ MAX_JSON_DEPTH = 64
 # ProposedCall's own limits (store/types.py); checked here so they surface as adapter errors.
 MAX_ID_LENGTH = 200
 MAX_NAME_LENGTH = 200
+# Integers must stay printable as JSON: CPython's default digit limit is 4300 (~14,000 bits).
+MAX_INT_BITS = 4096
 
 
 class AdapterError(CallgateError):
@@ -48,7 +50,13 @@ def fail(code: ErrorCode, message: str, path: str | None = None) -> NoReturn:
 
 def show(value: object, limit: int = 64) -> str:
     """A bounded repr for messages: names and ids only, never argument values."""
-    text = repr(value)
+    try:
+        text = repr(value)
+    except (ValueError, RecursionError):
+        # Model-controlled values can defeat repr: an int past sys.get_int_max_str_digits()
+        # raises ValueError, a list nested thousands deep RecursionError. A message about a
+        # bad value must not become a crash of its own.
+        return f"<{type(value).__name__}>"
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -124,7 +132,13 @@ def check_json(value: object, path: str, depth: int = 0) -> None:
     """
     if depth > MAX_JSON_DEPTH:
         fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "arguments nest too deeply", path)
-    if value is None or isinstance(value, bool | int | str):
+    if value is None or isinstance(value, bool | str):
+        return
+    if isinstance(value, int):
+        if value.bit_length() > MAX_INT_BITS:
+            # json.dumps refuses ints past sys.get_int_max_str_digits() (4300 by default), so
+            # the intent hash and the database would fail on it later, outside the adapter.
+            fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "arguments hold an integer too large", path)
         return
     if isinstance(value, float):
         if not math.isfinite(value):

@@ -37,7 +37,9 @@ def _parameters(tool: object, name: str) -> dict[str, Any]:
             ErrorCode.INVALID_CONFIGURATION,
             f"tool {show(name)}: parameters must describe an object",
         )
-    return dict(params)
+    # Anthropic's input_schema requires "type": "object"; a schema that leaves it implicit
+    # still describes arguments, which are always an object, so say so explicitly.
+    return {"type": "object", **params}
 
 
 def specs(tools: Iterable[object]) -> list[ToolSpec]:

@@ -2,11 +2,16 @@
 
 Reads the REST spelling (camelCase) and the snake_case a google-genai object dumps to.
 Parts that are text or thoughts are skipped, never allowed to hide the calls. Gemini has no
-tool-call stop signal, but ``finishReason`` ``MALFORMED_FUNCTION_CALL`` or
-``UNEXPECTED_TOOL_CALL`` means the model tried to call and failed: ``malformed_tool_calls``.
-A candidate with no content parts is a final answer only when ``finishReason`` says why
-(safety, recitation, max tokens …); otherwise the envelope is refused. Exactly one candidate
-is read (with ``candidateCount > 1``, pass the response holding the one you continue with).
+tool-call stop signal, but ``finishReason`` ``MALFORMED_FUNCTION_CALL``,
+``UNEXPECTED_TOOL_CALL`` or ``TOO_MANY_TOOL_CALLS`` means the model tried to call and failed:
+``malformed_tool_calls``. ``CONTINUATION``, ``MALFORMED_RESPONSE`` and
+``MISSING_THOUGHT_SIGNATURE`` leave nothing to read (``invalid_provider_envelope``).
+``functionCall`` parts are read only from a candidate that finished normally (``STOP``, or
+no reason given); under any other reason (``MAX_TOKENS``, ``SAFETY`` …) a call may be cut off
+and is refused, while a candidate without calls is still a final answer. A candidate with no
+content parts is a final answer only when ``finishReason`` says why (safety, recitation, max
+tokens …); otherwise the envelope is refused. Exactly one candidate is read (with
+``candidateCount > 1``, pass the response holding the one you continue with).
 
 Calls without an ``id`` get stable synthetic ids (see ``gemini_ids``). This surface shares no
 fields with Gemini Interactions.
@@ -18,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from producer.adapters import gemini_ids, names
-from producer.adapters.base import arr, fail, get, obj, proposal, unique
+from producer.adapters.base import arr, fail, get, obj, proposal, show, unique
 from producer.adapters.definitions import ToolSpec
 from producer.adapters.results import Result, body
 from store.errors import ErrorCode
@@ -26,11 +31,20 @@ from store.types import ProposedCall
 
 SURFACE = "gemini-generate-content"
 _decode = partial(names.tool_name, SURFACE)
-_FAILED_CALL = ("MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL")
+# finishReason values (google-genai FinishReason) sorted by what they mean for the calls.
+# The model tried to call a tool and failed.
+_FAILED_CALL = ("MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "TOO_MANY_TOOL_CALLS")
+# Not an answer at all: generation continues in a later request (CONTINUATION), the
+# response is broken (MALFORMED_RESPONSE), or the request was (MISSING_THOUGHT_SIGNATURE).
+_UNFINISHED = ("CONTINUATION", "MALFORMED_RESPONSE", "MISSING_THOUGHT_SIGNATURE")
+# The only reasons a candidate's functionCall parts are complete. Every other reason
+# (MAX_TOKENS, SAFETY, RECITATION, OTHER …, and any added later) stopped generation early,
+# so a functionCall part in it may be cut off; without calls it is still a final answer.
+_FINISHED = ("STOP", "FINISH_REASON_UNSPECIFIED")
 
 
-def _parts(root: dict[str, object]) -> list[object] | None:
-    """The one candidate's parts, or None for a final answer that has no content."""
+def _parts(root: dict[str, object]) -> tuple[list[object] | None, str | None]:
+    """The one candidate's parts (None for a final answer without content) and finishReason."""
     if root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response is an API error", "error")
     if root.get("candidates") is None:
@@ -51,26 +65,47 @@ def _parts(root: dict[str, object]) -> list[object] | None:
     candidate = obj(
         candidates[0], ErrorCode.INVALID_PROVIDER_ENVELOPE, "a candidate", "candidates[0]"
     )
-    finish = get(candidate, "finishReason", "finish_reason")
-    if finish in _FAILED_CALL:
-        fail(ErrorCode.MALFORMED_TOOL_CALLS, f"the model's function call failed ({finish})")
+    finish = _finish(candidate)
     content = candidate.get("content")
     parts = get(content, "parts") if isinstance(content, dict) else None
     if parts is None:
-        if isinstance(finish, str) and finish not in ("STOP", "FINISH_REASON_UNSPECIFIED"):
-            return None
+        if finish is not None and finish not in _FINISHED:
+            return None, finish
         fail(
             ErrorCode.INVALID_PROVIDER_ENVELOPE,
             "the candidate has no content parts and no finishReason explaining why",
             "candidates[0].content",
         )
-    return arr(parts, ErrorCode.MALFORMED_TOOL_CALLS, "parts", "candidates[0].content.parts")
+    items = arr(parts, ErrorCode.MALFORMED_TOOL_CALLS, "parts", "candidates[0].content.parts")
+    return items, finish
+
+
+def _finish(candidate: dict[str, object]) -> str | None:
+    """The candidate's finishReason, refusing the ones that leave no answer to read."""
+    finish = get(candidate, "finishReason", "finish_reason")
+    if finish is None:
+        return None
+    if not isinstance(finish, str):
+        fail(
+            ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            "finishReason is not text",
+            "candidates[0].finishReason",
+        )
+    if finish in _FAILED_CALL:
+        fail(ErrorCode.MALFORMED_TOOL_CALLS, f"the model's function call failed ({show(finish)})")
+    if finish in _UNFINISHED:
+        fail(
+            ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            f"the candidate is not a finished answer (finishReason {show(finish)})",
+            "candidates[0].finishReason",
+        )
+    return finish
 
 
 def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
     """Every ``functionCall`` part of the candidate, in part order."""
     root = obj(response, ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response", "$")
-    parts = _parts(root)
+    parts, finish = _parts(root)
     if parts is None:
         return []
     proposals: list[ProposedCall] = []
@@ -80,6 +115,13 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
         raw_call = get(part, "functionCall", "function_call")
         if raw_call is None:
             continue
+        if finish is not None and finish not in _FINISHED:
+            fail(
+                ErrorCode.INVALID_PROVIDER_ENVELOPE,
+                f"generation stopped early (finishReason {show(finish)}): the function call"
+                " may be cut off, so it is not read",
+                at,
+            )
         at += ".functionCall"
         call = obj(raw_call, ErrorCode.MALFORMED_TOOL_CALLS, "functionCall", at)
         if get(call, "partialArgs", "partial_args") is not None:

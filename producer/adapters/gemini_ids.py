@@ -1,7 +1,7 @@
-"""Call ids for Gemini function calls that arrive without one.
+"""Call ids for Gemini GenerateContent function calls that arrive without one.
 
-Gemini's ``functionCall.id`` is optional, and real responses omit it. Callgate still needs a
-unique id per call to record, run and correlate it, so an id-less call gets
+GenerateContent's ``functionCall.id`` is optional, and real responses omit it. Callgate still
+needs a unique id per call to record, run and correlate it, so an id-less call gets
 
     callgate-gemini-<digest>-<position>
 
@@ -14,6 +14,9 @@ Gemini matches responses to id-less calls by position, so a result for a synthet
 back *without* an id and in the model's call order — what google-genai's own automatic
 function calling sends. The prefix marks an id as ours; a provider id that happened to start
 with it would be treated as synthetic.
+
+Interactions steps always carry an id, which the ``function_result`` must echo, so an id-less
+step there is refused rather than given one of these.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from __future__ import annotations
 import hashlib
 import json
 
+from producer.adapters.base import fail
 from producer.adapters.results import Result
+from store.errors import ErrorCode
 from store.types import ProposedCall
 
 PREFIX = "callgate-gemini-"
@@ -49,8 +54,12 @@ def assign(calls: list[ProposedCall]) -> list[ProposedCall]:
         ]
         for call in calls
     ]
-    # Arguments passed base.check_json, so they serialise; sort_keys makes key order irrelevant.
-    canonical = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    # sort_keys makes key order irrelevant. base.check_json bounds depth and integer size, so
+    # this should always serialise; if it does not, the call is refused, never a crash.
+    try:
+        canonical = json.dumps(content, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+    except (ValueError, TypeError, RecursionError):
+        fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "the call's arguments do not serialise as JSON")
     digest = hashlib.sha256(canonical.encode("utf-8", "surrogatepass")).hexdigest()[:16]
     return [
         call.model_copy(update={"call_id": f"{PREFIX}{digest}-{position}"})

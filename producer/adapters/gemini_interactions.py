@@ -3,15 +3,21 @@
 Reads ``steps[]`` and skips every step that is not a function call (``thought``,
 ``model_output``, ``user_input``, provider-run tool steps). A call already answered by a
 ``function_result`` step in the same interaction is not proposed again. ``status:
-requires_action`` with no pending call is ``missing_tool_calls``; a failed or cancelled
-interaction is refused.
+requires_action`` with no pending call is ``missing_tool_calls``. Only ``requires_action``
+and ``completed`` interactions (or a plain dict without ``status``) are read; any other status
+is unfinished or cut off and refused with ``invalid_provider_envelope``.
+
+A ``function_call`` step must carry its ``id``: the API always sends one, and the
+``function_result`` must echo it as ``call_id``, so there is nothing to correlate a made-up
+id with. An id-less step is ``invalid_tool_call_field`` (only GenerateContent gets synthetic
+ids).
 
 The older ``outputs`` shape is refused with ``invalid_provider_envelope`` and a message that
 names it: reading it as "no steps, so no calls" would silently lose the calls.
 
 Results go back as ``{"input": [function_result …]}`` with both ``name`` and ``call_id``,
-which the result union carries, so no hidden id → name map is needed. This surface shares no
-fields with GenerateContent.
+which the result union carries, so no hidden id → name map is needed; they follow the
+caller's order, each keyed by its id. This surface shares no fields with GenerateContent.
 """
 
 from __future__ import annotations
@@ -19,8 +25,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from producer.adapters import gemini_ids, names
-from producer.adapters.base import arr, fail, obj, proposal, unique
+from producer.adapters import names
+from producer.adapters.base import arr, fail, obj, proposal, show, unique
 from producer.adapters.definitions import ToolSpec
 from producer.adapters.results import Result, body_text, is_error
 from store.errors import ErrorCode
@@ -28,6 +34,10 @@ from store.types import ProposedCall
 
 SURFACE = "gemini-interactions"
 _decode = partial(names.tool_name, SURFACE)
+# Every other InteractionStatus (in_progress, queued, idle, requires_continuation, incomplete,
+# budget_exceeded, failed, cancelled, and any the SDK adds later) is unfinished or cut off:
+# its steps are neither a final answer nor a complete set of calls.
+_READABLE = ("requires_action", "completed")
 
 
 def _steps(root: dict[str, object]) -> list[object]:
@@ -38,8 +48,16 @@ def _steps(root: dict[str, object]) -> list[object]:
             " reads only `steps[]` (use a current google-genai / Interactions API version)",
             "outputs",
         )
-    if root.get("error") is not None or root.get("status") in ("failed", "cancelled"):
-        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the interaction failed or was cancelled")
+    if root.get("error") is not None:
+        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the interaction failed", "error")
+    status = root.get("status")
+    if status is not None and status not in _READABLE:
+        fail(
+            ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            f"the interaction is not finished (status {show(status)}); only requires_action"
+            " or completed can be read",
+            "status",
+        )
     if root.get("steps") is None:
         fail(
             ErrorCode.INVALID_PROVIDER_ENVELOPE,
@@ -70,7 +88,11 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
         if isinstance(call_id, str) and call_id in answered:
             continue
         if call_id is None or call_id == "":
-            call_id = gemini_ids.pending_id(len(proposals))
+            fail(
+                ErrorCode.INVALID_TOOL_CALL_FIELD,
+                "a function_call step has no id; its function_result must echo one as call_id",
+                f"{at}.id",
+            )
         proposals.append(
             proposal(
                 call_id,
@@ -84,7 +106,7 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
         )
     if root.get("status") == "requires_action" and not proposals:
         fail(ErrorCode.MISSING_TOOL_CALLS, "status is requires_action but no function_call step")
-    return unique(gemini_ids.assign(proposals))
+    return unique(proposals)
 
 
 def write(proposals: list[ProposedCall], results: list[Result]) -> dict[str, Any]:
@@ -98,7 +120,7 @@ def write(proposals: list[ProposedCall], results: list[Result]) -> dict[str, Any
                 "is_error": is_error(result),
                 "result": [{"type": "text", "text": body_text(result)}],
             }
-            for result in gemini_ids.in_expected_order(proposals, results)
+            for result in results
         ]
     }
 

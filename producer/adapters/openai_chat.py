@@ -3,7 +3,8 @@
 Accepted envelopes: a whole completion (``{choices: [...]}`` with exactly one choice — with
 ``n > 1`` pass the choice you continue with), one choice (``{finish_reason, message}``, the
 seed's compact form), or the assistant message itself. ``finish_reason: tool_calls`` only
-says proposals are here; it never means anything ran.
+says proposals are here; it never means anything ran. Tool calls under ``finish_reason``
+``length`` or ``content_filter`` were cut off and are refused (``invalid_provider_envelope``).
 
 Custom tool calls (``type: custom``, free-text ``input`` checked by a grammar, not a JSON
 Schema) are refused by name with ``invalid_tool_call_field``: callgate's gate validates
@@ -26,6 +27,9 @@ from store.types import ProposedCall
 
 SURFACE = "openai-chat"
 _decode = partial(names.tool_name, SURFACE)
+# finish_reason values that stop generation mid-message, so tool calls may be truncated.
+# ("stop" with tool calls is normal: a forced tool_choice ends that way.)
+_CUT_OFF = ("length", "content_filter")
 
 
 def _choice(root: dict[str, object]) -> tuple[dict[str, object], dict[str, object], str]:
@@ -61,7 +65,8 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
     if root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response is an API error", "error")
     choice, message, path = _choice(root)
-    asked = choice.get("finish_reason") == "tool_calls"
+    finish = choice.get("finish_reason")
+    asked = finish == "tool_calls"
     if message.get("function_call") is not None:
         fail(
             ErrorCode.MALFORMED_TOOL_CALLS,
@@ -76,6 +81,14 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
     calls = arr(raw_calls, ErrorCode.MALFORMED_TOOL_CALLS, "tool_calls", f"{path}.tool_calls")
     if asked and not calls:
         fail(ErrorCode.MISSING_TOOL_CALLS, "finish_reason is tool_calls but tool_calls is empty")
+    if calls and finish in _CUT_OFF:
+        # Checked before parsing: truncated arguments are "cut off", not "bad JSON".
+        fail(
+            ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            f"the response was cut off (finish_reason {show(finish)}) with tool calls;"
+            " a cut-off call is never read as complete",
+            "finish_reason",
+        )
     proposals: list[ProposedCall] = []
     for index, raw in enumerate(calls):
         at = f"{path}.tool_calls[{index}]"

@@ -7,8 +7,13 @@ result but are not JSON-Schema functions (custom, computer, shell, apply-patch c
 approval requests, client-side tool search) are refused by name with
 ``invalid_tool_call_field`` rather than dropped: dropping them would leave the conversation
 waiting for an output that never comes. A call already answered by an ``*_output`` item in
-the same output is not proposed again. A ``function_call`` cut off mid-generation
-(``status: incomplete``) is refused, never executed.
+the same output is not proposed again.
+
+Only a finished response is read: a ``status`` other than ``completed`` (``in_progress``,
+``queued``, ``incomplete``, ``cancelled``, ``failed``) is ``invalid_provider_envelope``, so
+a background response still running is never taken for "no calls" and a truncated one never
+for a complete call list. A plain dict without ``status`` is read as it stands. A
+``function_call`` item that is not ``completed`` (cut off mid-generation) is refused too.
 """
 
 from __future__ import annotations
@@ -42,18 +47,30 @@ _REFUSED = frozenset(
 def _answered(items: list[object]) -> set[str]:
     answered: set[str] = set()
     for item in items:
-        if isinstance(item, dict) and str(item.get("type")).endswith("_output"):
-            call_id = item.get("call_id")
-            if isinstance(call_id, str):
-                answered.add(call_id)
+        if not isinstance(item, dict):
+            continue
+        # str() of a model-controlled value could raise (huge ints, deep nesting): test type.
+        kind, call_id = item.get("type"), item.get("call_id")
+        if isinstance(kind, str) and kind.endswith("_output") and isinstance(call_id, str):
+            answered.add(call_id)
     return answered
 
 
 def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
     """Every unanswered ``function_call`` item of the response, in output order."""
     root = obj(response, ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response", "$")
-    if root.get("error") is not None or root.get("status") == "failed":
+    if root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response failed", "error")
+    status = root.get("status")
+    if status is not None and status != "completed":
+        # in_progress/queued (background mode) hold no calls yet, incomplete ones were cut
+        # off, failed/cancelled ones never finished: none is a final answer or a call list.
+        fail(
+            ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            f"the response is not finished (status {show(status)}); only a completed response"
+            " can be read",
+            "status",
+        )
     if "output" not in root:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "not a Responses response: no output")
     items = arr(root["output"], ErrorCode.INVALID_PROVIDER_ENVELOPE, "output", "output")
@@ -78,8 +95,12 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
             )
         if kind != "function_call":
             continue
-        if item.get("status") == "incomplete":
-            fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "the function call is incomplete", at)
+        if item.get("status") not in (None, "completed"):
+            fail(
+                ErrorCode.INVALID_TOOL_CALL_FIELD,
+                f"the function call is not complete (status {show(item.get('status'))})",
+                f"{at}.status",
+            )
         proposals.append(
             proposal(
                 call_id,

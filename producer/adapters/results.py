@@ -135,27 +135,33 @@ def error_json(error: AppError) -> dict[str, Any]:
 
 def body(result: Result) -> dict[str, Any]:
     """The seed's result body (§9.1): ``{status, data}`` or ``{status, error}``."""
-    if isinstance(result, Succeeded):
-        try:
-            data = result.model_dump(mode="json")["data"]
-        except PydanticSerializationError:
-            raise AdapterError(
-                f"the data of call {show(result.call_id)} is not JSON",
-                code=ErrorCode.INVALID_INPUT,
-            ) from None
-        return {"status": result.status, "data": data}
-    return {"status": result.status, "error": error_json(result.error)}
+    try:
+        if isinstance(result, Succeeded):
+            out = {"status": result.status, "data": result.model_dump(mode="json")["data"]}
+        else:
+            out = {"status": result.status, "error": error_json(result.error)}
+        # mode="json" turns NaN into null, but keeps an int too long to print (past
+        # sys.get_int_max_str_digits(), in data or retry_after_ms), and pydantic refuses deep
+        # nesting with a plain ValueError: check here, so Gemini's object-valued envelope is
+        # JSON too.
+        json.dumps(out, allow_nan=False)
+    except (PydanticSerializationError, ValueError, RecursionError):
+        raise _not_json(result) from None
+    return out
+
+
+def _not_json(result: Result) -> AdapterError:
+    return AdapterError(
+        f"the result of call {show(result.call_id)} is not JSON", code=ErrorCode.INVALID_INPUT
+    )
 
 
 def body_text(result: Result) -> str:
     """The body as compact JSON text, for surfaces whose result field is a string."""
     try:
         return json.dumps(body(result), ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except ValueError:
-        raise AdapterError(
-            f"the data of call {show(result.call_id)} holds a non-finite number",
-            code=ErrorCode.INVALID_INPUT,
-        ) from None
+    except (ValueError, RecursionError):  # body() checked it already; this is a backstop
+        raise _not_json(result) from None
 
 
 def is_error(result: Result) -> bool:

@@ -3,7 +3,8 @@
 Reassembly only rebuilds the envelope; the surface's own reader does every check, so a
 stream and the equivalent whole response give the same proposals or the same error. A stream
 that ends before the surface's stop signal is refused (``invalid_provider_envelope``): a call
-cut off mid-stream must never run.
+cut off mid-stream must never run. So is one whose stop signal says the output was cut off
+(``length``, ``max_tokens``, ``MAX_TOKENS`` …) while it holds calls: the reader checks that.
 
 - ``openai-chat``: ``chat.completion.chunk`` deltas; ``tool_calls[].index`` joins the pieces
   of one call (name and arguments text are concatenated in arrival order; the id comes once).
@@ -11,7 +12,7 @@ cut off mid-stream must never run.
   ``content_block_stop``; a ``tool_use`` block's ``partial_json`` pieces are joined and parsed
   as its input (an empty buffer keeps the start event's input, ``{}`` for a no-argument tool).
 - ``openai-responses``: the terminal ``response.completed`` (or ``.incomplete``/``.failed``)
-  event carries the whole response; it is read as is.
+  event carries the whole response; it is read as is (so only a completed one gives calls).
 - ``gemini-generate-content``: each chunk is a partial response; function calls arrive whole,
   so the parts of all chunks are concatenated.
 - ``gemini-interactions``: not supported (``unsupported_surface``); read the completed
@@ -152,6 +153,9 @@ def _anthropic(events: list[dict[str, object]]) -> dict[str, Any]:
                 stop_reason = delta["stop_reason"]
     if stop_reason is None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream ended before a stop_reason")
+    # Before the block checks below: a tool_use block cut off by max_tokens may never have
+    # stopped, and "cut off" is the fault to report.
+    anthropic_messages.refuse_cut_off(stop_reason, list(blocks.values()))
     content: list[dict[str, object]] = []
     for index in sorted(blocks):
         block = dict(blocks[index])

@@ -227,6 +227,8 @@ def test_errors_keep_only_safe_fixable_fields() -> None:
         ("client_secret=s3cr3t&x=1", "s3cr3t"),
         ('{"password": "hunter2"}', "hunter2"),
         ("Authorization: Basic dXNlcjpwYXNz", "dXNlcjpwYXNz"),
+        ("authorization=Bearer abc.def", "abc.def"),
+        ('{"Authorization": "Token t0k"}', "t0k"),
         ("postgres://bob:pw123@db:5432/x", "pw123"),
         ("key ghp_abcdefghijklmnop1234", "ghp_abcdefghijklmnop1234"),
     ],

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -31,9 +32,33 @@ def wire(surface: str, name: str) -> str:
     return names.wire_name(surface, name)
 
 
-def inbound(surface: str, proposals: list[ProposedCall], *, with_ids: bool = True) -> Any:
-    """The response ``surface`` would send proposing ``proposals``, with a text or thought
-    item beside the calls (it must never hide them)."""
+# Where inbound() puts the non-call items: before the calls, in every gap between two calls,
+# after them, or all three.
+PLACES = ("before", "between", "after", "around")
+
+
+def place(extras: list[Any], calls: list[Any], where: str) -> list[Any]:
+    """``calls`` in order with copies of ``extras`` placed ``where`` (one of PLACES)."""
+    if where not in PLACES:
+        raise AssertionError(where)
+    if not calls:
+        return copy.deepcopy(extras)
+    out = copy.deepcopy(extras) if where in ("before", "around") else []
+    for index, call in enumerate(calls):
+        if index and where in ("between", "around"):
+            out += copy.deepcopy(extras)
+        out.append(call)
+    if where in ("after", "around"):
+        out += copy.deepcopy(extras)
+    return out
+
+
+def inbound(
+    surface: str, proposals: list[ProposedCall], *, with_ids: bool = True, where: str = "before"
+) -> Any:
+    """The response ``surface`` would send proposing ``proposals``, with text, thought or
+    reasoning items placed ``where`` beside the calls (they must never hide them).
+    Chat Completions has no items to place: its text is a field of the message."""
     if surface == "openai-chat":
         calls = [
             {
@@ -56,17 +81,7 @@ def inbound(surface: str, proposals: list[ProposedCall], *, with_ids: bool = Tru
             "choices": [{"index": 0, "message": message, "finish_reason": finish}],
         }
     if surface == "openai-responses":
-        output: list[dict[str, Any]] = [
-            {"type": "reasoning", "id": "rs_1", "summary": []},
-            {
-                "type": "message",
-                "id": "msg_1",
-                "role": "assistant",
-                "status": "completed",
-                "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}],
-            },
-        ]
-        output += [
+        output = [
             {
                 "type": "function_call",
                 "id": f"fc_{index}",
@@ -77,10 +92,24 @@ def inbound(surface: str, proposals: list[ProposedCall], *, with_ids: bool = Tru
             }
             for index, p in enumerate(proposals)
         ]
-        return {"id": "resp_1", "object": "response", "status": "completed", "output": output}
+        extras = [
+            {"type": "reasoning", "id": "rs_1", "summary": []},
+            {
+                "type": "message",
+                "id": "msg_1",
+                "role": "assistant",
+                "status": "completed",
+                "content": [{"type": "output_text", "text": "Let me check.", "annotations": []}],
+            },
+        ]
+        return {
+            "id": "resp_1",
+            "object": "response",
+            "status": "completed",
+            "output": place(extras, output, where),
+        }
     if surface == "anthropic-messages":
-        blocks: list[dict[str, Any]] = [{"type": "text", "text": "three reads"}]
-        blocks += [
+        blocks = [
             {
                 "type": "tool_use",
                 "id": p.call_id,
@@ -89,25 +118,42 @@ def inbound(surface: str, proposals: list[ProposedCall], *, with_ids: bool = Tru
             }
             for p in proposals
         ]
+        extras = [
+            {"type": "text", "text": "three reads"},
+            # a provider-run tool and its result: the provider's to execute, not ours
+            {
+                "type": "server_tool_use",
+                "id": "srvtoolu_1",
+                "name": "web_search",
+                "input": {"query": "weather"},
+            },
+            {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []},
+        ]
         return {
             "id": "msg_1",
             "type": "message",
             "role": "assistant",
-            "content": blocks,
+            "content": place(extras, blocks, where),
             "stop_reason": "tool_use" if proposals else "end_turn",
         }
     if surface == "gemini-generate-content":
-        parts: list[dict[str, Any]] = [{"text": "planning", "thought": True}]
+        parts: list[dict[str, Any]] = []
         for p in proposals:
             call: dict[str, Any] = {"name": wire(surface, p.tool_name), "args": p.arguments}
             if with_ids:
                 call["id"] = p.call_id
             parts.append({"functionCall": call, "thoughtSignature": "c2ln"})
+        extras = [{"text": "planning", "thought": True}, {"text": "Let me check."}]
         return {
-            "candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": "STOP"}]
+            "candidates": [
+                {
+                    "content": {"role": "model", "parts": place(extras, parts, where)},
+                    "finishReason": "STOP",
+                }
+            ]
         }
     if surface == "gemini-interactions":
-        steps: list[dict[str, Any]] = [{"type": "thought", "signature": "c2ln"}]
+        steps: list[dict[str, Any]] = []
         for p in proposals:
             step: dict[str, Any] = {
                 "type": "function_call",
@@ -117,8 +163,16 @@ def inbound(surface: str, proposals: list[ProposedCall], *, with_ids: bool = Tru
             if with_ids:
                 step["id"] = p.call_id
             steps.append(step)
+        extras = [
+            {"type": "thought", "signature": "c2ln"},
+            {"type": "model_output", "content": [{"type": "text", "text": "Let me check."}]},
+        ]
         status = "requires_action" if proposals else "completed"
-        return {"id": "interaction-1", "status": status, "steps": steps}
+        return {
+            "id": "interaction-1",
+            "status": status,
+            "steps": place(extras, steps, where),
+        }
     raise AssertionError(surface)
 
 

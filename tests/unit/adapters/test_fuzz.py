@@ -16,11 +16,13 @@ import math
 import random
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from producer.adapters import SURFACES, AdapterError, read_proposals, read_stream, write_results
+from producer.adapters.base import show
 from store.types import ProposedCall
 
 from .support import inbound, load
@@ -131,6 +133,24 @@ def _deep(depth: int, dict_form: bool) -> object:
     return value
 
 
+class _Fresh:
+    """A JUNK entry built anew for each use: too deep for copy.deepcopy, and it must not be
+    shared, or a mutation inside it would change it for every later case."""
+
+    def __init__(self, make: Callable[[], object]) -> None:
+        self.make = make
+
+
+# Values that defeat repr/str/json.dumps: an int past sys.get_int_max_str_digits() (4300
+# digits) raises ValueError, nesting past the recursion limit RecursionError.
+_HOSTILE: list[object] = [
+    10**5000,
+    -(10**5000),
+    _Fresh(lambda: _deep(5_000, False)),
+    _Fresh(lambda: _deep(5_000, True)),
+]
+
+
 JUNK: list[object] = [
     None,
     True,
@@ -161,12 +181,23 @@ JUNK: list[object] = [
     _deep(200, True),
     "NaN",
     -0.0,
+    *_HOSTILE,
 ]
+
+
+def _copy(value: object) -> object:
+    # Within one case, what is too deep to copy is shared; a mutation inside it only makes
+    # the case odder.
+    try:
+        return copy.deepcopy(value)
+    except RecursionError:
+        return value
 
 
 def _junk(rng: random.Random) -> object:
     # A copy: later mutations may edit what was inserted, and JUNK is shared by every case.
-    return copy.deepcopy(rng.choice(JUNK))
+    value = rng.choice(JUNK)
+    return value.make() if isinstance(value, _Fresh) else copy.deepcopy(value)
 
 
 def _slots(root: object) -> list[tuple[Any, Any]]:
@@ -198,6 +229,8 @@ def _variant(rng: random.Random, value: object) -> object:
         )
     if isinstance(value, bool):
         return not value
+    if isinstance(value, int) and value.bit_length() > 64:
+        return rng.choice([-1, 0, -value])  # str() and float() would fail on it
     if isinstance(value, int | float):
         return rng.choice([-1, 0, value * 1000, str(value), float(value)])
     if isinstance(value, list):
@@ -221,7 +254,7 @@ def mutate(rng: random.Random, root: Any) -> Any:
         elif op == 2:
             parent[key] = _variant(rng, parent[key])
         elif op == 3 and isinstance(parent, list):
-            parent.insert(rng.randrange(len(parent) + 1), copy.deepcopy(parent[key]))
+            parent.insert(rng.randrange(len(parent) + 1), _copy(parent[key]))
         elif op == 4 and isinstance(parent, dict):
             parent[rng.choice(KEYS)] = rng.choice(VALUES) if rng.random() < 0.5 else _junk(rng)
         elif op == 5:
@@ -347,7 +380,7 @@ def run_fuzz(cases: int, seed: int) -> Counter[str]:
         except Exception as exc:
             raise AssertionError(
                 f"case {case} (seed {seed}, {surface}) escaped with {type(exc).__name__}: {exc}\n"
-                f"input: {repr(value)[:2000]}"
+                f"input: {show(value, 2000)}"
             ) from exc
     return outcomes
 

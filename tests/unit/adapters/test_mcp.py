@@ -83,14 +83,37 @@ def test_a_bad_retry_hint_is_dropped(retry_after: object) -> None:
         ("PASSWORD: hunter2 and more", "PASSWORD: [redacted] and more"),
         ("api_key=sk-123,user=bob", "api_key=[redacted],user=bob"),
         ('secret="a b c" done', "secret=[redacted] done"),
-        ("Authorization: Bearer abc.def", "Authorization: [redacted] [redacted]"),
-        ("call with Bearer abc.def now", "call with Bearer [redacted] now"),
+        ("Authorization: Bearer abc.def", "Authorization: [redacted]"),
+        ("call with Bearer eyJhbGciOi.x now", "call with Bearer [redacted] now"),
         ("failed; stack=at x (a.js:1:2); retry", "failed; stack=[redacted]; retry"),
-        ("boom\nTraceback (most recent call last):\n  File 'x.py'", "boom\n[traceback redacted]"),
+        ("boom\nTraceback (most recent call last):\n  File 'x.py'", "boom\n[stack trace redacted]"),
+        # review findings: a quote between key and colon, a Basic credential, a URL password
+        ('{"api_key": "sk-live-123"}', '{"api_key": [redacted]}'),
+        ("Authorization: Basic dXNlcjpwYXNz", "Authorization: [redacted]"),
+        (
+            '{"authorization": "Basic x", "city": "Seoul"}',
+            '{"authorization": [redacted], "city": "Seoul"}',
+        ),
+        ("postgres://admin:s3cret@db/x", "postgres://[redacted]@db/x"),
+        # the seed's two (§9.1)
+        ("city is required; token=weather-secret", "city is required; token=[redacted]"),
+        (
+            "weather upstream timed out; stack=internal.ts:42",
+            "weather upstream timed out; stack=[redacted]",
+        ),
     ],
 )
 def test_sanitise_redacts_secrets_and_stacks(text: str, expected: str) -> None:
-    assert sanitise(text) == expected
+    notes: list[str] = []
+    assert sanitise(text, notes) == expected
+    assert notes  # every case redacts something, and the trace hears of it
+
+
+def test_sanitise_keeps_safe_detail_untouched() -> None:
+    text = "city must be one of Seoul, Busan; got 'Tokyo'"
+    notes: list[str] = []
+    assert sanitise(text, notes) == text
+    assert notes == []
 
 
 def test_details_are_capped() -> None:

@@ -13,7 +13,7 @@ from producer.adapters import SURFACES, AdapterError, read_proposals, write_resu
 from producer.adapters import names as name_codec
 from store.types import AppError, FailedRetryable, FailedTerminal, ProposedCall, Succeeded
 
-from .support import id_status, inbound
+from .support import PLACES, id_status, inbound
 
 Result = Succeeded | FailedRetryable | FailedTerminal
 
@@ -54,22 +54,22 @@ def proposal_lists(draw: st.DrawFn, min_size: int = 0) -> list[ProposedCall]:
 
 
 @settings(deadline=None, max_examples=150)
-@given(surface=st.sampled_from(SURFACES), proposals=proposal_lists())
+@given(surface=st.sampled_from(SURFACES), proposals=proposal_lists(), where=st.sampled_from(PLACES))
 def test_proposals_survive_the_envelope_of_every_surface(
-    surface: str, proposals: list[ProposedCall]
+    surface: str, proposals: list[ProposedCall], where: str
 ) -> None:
     known = {p.tool_name for p in proposals}
-    assert read_proposals(surface, inbound(surface, proposals), known) == proposals
+    response = inbound(surface, proposals, where=where)
+    assert read_proposals(surface, response, known) == proposals
 
 
 @settings(deadline=None)
-@given(
-    surface=st.sampled_from(["gemini-generate-content", "gemini-interactions"]),
-    proposals=proposal_lists(min_size=1),
-)
+@given(proposals=proposal_lists(min_size=1))
 def test_id_less_gemini_calls_get_stable_unique_ids_and_results_in_call_order(
-    surface: str, proposals: list[ProposedCall]
+    proposals: list[ProposedCall],
 ) -> None:
+    # GenerateContent only: Interactions steps always carry an id (id-less ones are refused).
+    surface = "gemini-generate-content"
     known = {p.tool_name for p in proposals}
     response = inbound(surface, proposals, with_ids=False)
     read = read_proposals(surface, response, known)
@@ -83,14 +83,11 @@ def test_id_less_gemini_calls_get_stable_unique_ids_and_results_in_call_order(
         for n, p in enumerate(read)
     ]
     envelope = write_results(surface, read, list(reversed(results)))
-    if surface == "gemini-generate-content":
-        assert isinstance(envelope, dict)
-        assert [p["functionResponse"]["response"]["data"]["n"] for p in envelope["parts"]] == list(
-            range(len(read))
-        )
-        assert all("id" not in p["functionResponse"] for p in envelope["parts"])
-    else:
-        assert [call_id for call_id, _ in id_status(surface, envelope)] == [p.call_id for p in read]
+    assert isinstance(envelope, dict)
+    assert [p["functionResponse"]["response"]["data"]["n"] for p in envelope["parts"]] == list(
+        range(len(read))
+    )
+    assert all("id" not in p["functionResponse"] for p in envelope["parts"])
 
 
 def make_result(call: ProposedCall, status: str, n: int) -> Result:

@@ -10,7 +10,7 @@ import pytest
 from producer.adapters import AdapterError, read_proposals, read_stream
 from store.types import ProposedCall
 
-from .support import inbound
+from .support import PLACES, inbound
 
 KNOWN = {"get_weather", "get_stock"}
 WEATHER = ProposedCall(call_id="c1", tool_name="get_weather", arguments={"city": "Seoul"})
@@ -51,6 +51,13 @@ def interleaved_chat_stream() -> list[dict[str, Any]]:
 
 def test_chat_deltas_are_joined_by_index() -> None:
     assert read_stream("openai-chat", interleaved_chat_stream(), KNOWN) == [WEATHER, STOCK]
+
+
+def test_chat_stream_text_between_and_after_tool_deltas_hides_nothing() -> None:
+    events = interleaved_chat_stream()
+    events.insert(3, chunk({"content": " still checking"}))
+    events.insert(-2, chunk({"content": " done."}))
+    assert read_stream("openai-chat", events, KNOWN) == [WEATHER, STOCK]
 
 
 def test_chat_stream_of_a_final_answer_is_empty() -> None:
@@ -158,6 +165,34 @@ def test_anthropic_input_json_deltas_are_joined() -> None:
     ) == [WEATHER]
 
 
+def block_events(index: int, block: dict[str, Any], json_text: str = "") -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = [
+        {"type": "content_block_start", "index": index, "content_block": block}
+    ]
+    if json_text:
+        delta = {"type": "input_json_delta", "partial_json": json_text}
+        events.append({"type": "content_block_delta", "index": index, "delta": delta})
+    return [*events, {"type": "content_block_stop", "index": index}]
+
+
+def test_anthropic_stream_blocks_between_and_after_tool_use_hide_nothing() -> None:
+    # text, a provider-run server_tool_use and its result between the two tool_use blocks,
+    # thinking after them: only the tool_use blocks are proposals, in order.
+    tool = {"type": "tool_use", "input": {}}
+    server = {"type": "server_tool_use", "id": "srvtoolu_1", "name": "web_search", "input": {}}
+    found = {"type": "web_search_tool_result", "tool_use_id": "srvtoolu_1", "content": []}
+    events = [
+        *block_events(0, {**tool, "id": "c1", "name": "get_weather"}, '{"city": "Seoul"}'),
+        *block_events(1, {"type": "text", "text": "and"}),
+        *block_events(2, server, '{"query": "acme"}'),
+        *block_events(3, found),
+        *block_events(4, {**tool, "id": "c2", "name": "get_stock"}, '{"symbol": "ACME"}'),
+        *block_events(5, {"type": "thinking", "thinking": "done", "signature": "sig"}),
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use"}},
+    ]
+    assert read_stream("anthropic-messages", events, KNOWN) == [WEATHER, STOCK]
+
+
 def test_anthropic_tool_without_arguments_keeps_the_start_input() -> None:
     (call,) = read_stream("anthropic-messages", anthropic_stream(""), KNOWN)
     assert call.arguments == {}
@@ -199,9 +234,12 @@ def test_responses_stream_reads_the_terminal_response() -> None:
     assert caught.value.code == "invalid_provider_envelope"
 
 
+@pytest.mark.parametrize("where", PLACES)
 @pytest.mark.parametrize("with_ids", [True, False])
-def test_gemini_stream_chunks_give_the_same_calls_as_the_whole_response(with_ids: bool) -> None:
-    whole = inbound("gemini-generate-content", [WEATHER, STOCK], with_ids=with_ids)
+def test_gemini_stream_chunks_give_the_same_calls_as_the_whole_response(
+    with_ids: bool, where: str
+) -> None:
+    whole = inbound("gemini-generate-content", [WEATHER, STOCK], with_ids=with_ids, where=where)
     parts = whole["candidates"][0]["content"]["parts"]
     chunks = [
         {"candidates": [{"content": {"role": "model", "parts": [part]}}]} for part in parts

@@ -27,7 +27,7 @@ from store.types import (
     Succeeded,
 )
 
-from .support import bodies, id_status, inbound
+from .support import PLACES, bodies, id_status, inbound
 
 KNOWN = {"get_weather", "get_stock", "billing.refund"}
 WEATHER = ProposedCall(call_id="c1", tool_name="get_weather", arguments={"city": "Seoul"})
@@ -40,9 +40,13 @@ def code_of(surface: str, response: object, known: set[str] = KNOWN) -> str:
     return str(caught.value.code)
 
 
+@pytest.mark.parametrize("where", PLACES)
 @pytest.mark.parametrize("surface", SURFACES)
-def test_text_beside_calls_never_hides_them(surface: str) -> None:
-    assert read_proposals(surface, inbound(surface, [WEATHER, STOCK]), KNOWN) == [WEATHER, STOCK]
+def test_text_beside_calls_never_hides_them(surface: str, where: str) -> None:
+    # Text, thought, reasoning (and on Anthropic a server_tool_use block) before, between and
+    # after the calls: none hides a call or changes their order.
+    response = inbound(surface, [WEATHER, STOCK], where=where)
+    assert read_proposals(surface, response, KNOWN) == [WEATHER, STOCK]
 
 
 @pytest.mark.parametrize("surface", SURFACES)
@@ -50,8 +54,7 @@ def test_a_final_answer_gives_no_calls(surface: str) -> None:
     assert read_proposals(surface, inbound(surface, []), KNOWN) == []
 
 
-@pytest.mark.parametrize("surface", SURFACES)
-def test_unknown_surface_is_refused_everywhere(surface: str) -> None:
+def test_unknown_surface_is_refused_everywhere() -> None:
     for run in (
         lambda: read_proposals("openai", {}, KNOWN),
         lambda: read_stream("bedrock-converse", [], KNOWN),
@@ -339,16 +342,21 @@ def test_non_finite_numbers_in_data_go_out_as_json_null() -> None:
             "non_terminal_result",
         ),
         ([WEATHER], ["succeeded"], "non_terminal_result"),
-        ([], [], None),
     ],
 )
-def test_write_results_refusals(proposals: list[Any], results: list[Any], code: str | None) -> None:
-    if code is None:
-        assert write_results("openai-chat", proposals, results) == []
-        return
+def test_write_results_refusals(proposals: list[Any], results: list[Any], code: str) -> None:
     with pytest.raises(AdapterError) as caught:
         write_results("openai-chat", proposals, results)
     assert caught.value.code == code
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+@pytest.mark.parametrize("results", [[], [{"status": "succeeded", "call_id": "c1"}]])
+def test_write_results_without_proposals_is_refused(surface: str, results: list[Any]) -> None:
+    # Anthropic and Gemini refuse a message with empty content; no surface has a use for one.
+    with pytest.raises(AdapterError) as caught:
+        write_results(surface, [], results)
+    assert caught.value.code == "invalid_input"
 
 
 # --- Gemini GenerateContent ----------------------------------------------------------------
@@ -528,10 +536,23 @@ def test_interactions_refusals(response: dict[str, Any], code: str) -> None:
     assert code_of("gemini-interactions", response) == code
 
 
-def test_interactions_id_less_calls_get_ids_and_results_follow_call_order() -> None:
+@pytest.mark.parametrize("missing", [None, ""])
+def test_interactions_id_less_calls_are_refused(missing: str | None) -> None:
+    # FunctionCallStep.id is required and function_result.call_id must echo it: an id we
+    # made up could never be matched by the API.
     response = inbound("gemini-interactions", [WEATHER, STOCK], with_ids=False)
-    weather, stock = read_proposals("gemini-interactions", response, KNOWN)
-    assert weather.call_id != stock.call_id
+    if missing is not None:
+        response["steps"][-1]["id"] = missing
+    with pytest.raises(AdapterError) as caught:
+        read_proposals("gemini-interactions", response, KNOWN)
+    assert caught.value.code == "invalid_tool_call_field"
+    assert "no id" in caught.value.message
+
+
+def test_interactions_results_follow_the_callers_order_keyed_by_id() -> None:
+    weather, stock = read_proposals(
+        "gemini-interactions", inbound("gemini-interactions", [WEATHER, STOCK]), KNOWN
+    )
     results = [
         Succeeded(call_id=stock.call_id, tool_name="get_stock", data={}),
         Succeeded(call_id=weather.call_id, tool_name="get_weather", data={}),
@@ -539,8 +560,8 @@ def test_interactions_id_less_calls_get_ids_and_results_follow_call_order() -> N
     message = write_results("gemini-interactions", [weather, stock], results)
     assert isinstance(message, dict)
     assert [(i["name"], i["call_id"]) for i in message["input"]] == [
-        ("get_weather", weather.call_id),
-        ("get_stock", stock.call_id),
+        ("get_stock", "c2"),
+        ("get_weather", "c1"),
     ]
 
 
@@ -670,6 +691,19 @@ def test_tool_definition_refusals() -> None:
         with pytest.raises(AdapterError) as caught:
             tool_definitions("openai-chat", tools)
         assert caught.value.code == "invalid_configuration"
+
+
+@pytest.mark.parametrize("surface", SURFACES)
+def test_a_schema_without_type_is_rendered_as_an_object(surface: str) -> None:
+    # Anthropic's input_schema requires "type": "object"; every surface gets it spelled out.
+    tools = [{"name": "get_weather", "parameters": {"properties": {"city": {"type": "string"}}}}]
+    (definition,) = tool_definitions(surface, tools)
+    schema = {
+        "openai-chat": lambda d: d["function"]["parameters"],
+        "anthropic-messages": lambda d: d["input_schema"],
+        "gemini-generate-content": lambda d: d["functionDeclarations"][0]["parametersJsonSchema"],
+    }.get(surface, lambda d: d["parameters"])(definition)
+    assert schema == {"type": "object", "properties": {"city": {"type": "string"}}}
 
 
 def test_tool_definitions_take_registry_style_objects() -> None:

@@ -1,0 +1,284 @@
+"""Unfinished or cut-off responses are never read as a final answer or a complete call list.
+
+Every surface has some way of saying "this is not done" (a status, a stop or finish reason).
+Calls under it may be truncated or not emitted yet, and "no calls" under it is not a final
+answer; both are refused, from whole responses and from streams alike.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from producer.adapters import AdapterError, read_proposals, read_stream
+from store.types import ProposedCall
+
+from .support import inbound
+
+KNOWN = {"get_weather", "get_stock"}
+WEATHER = ProposedCall(call_id="c1", tool_name="get_weather", arguments={"city": "Seoul"})
+STOCK = ProposedCall(call_id="c2", tool_name="get_stock", arguments={"symbol": "ACME"})
+
+
+def refused(surface: str, response: object, *, stream: bool = False) -> AdapterError:
+    with pytest.raises(AdapterError) as caught:
+        (read_stream if stream else read_proposals)(surface, response, KNOWN)
+    return caught.value
+
+
+# --- OpenAI Responses ----------------------------------------------------------------------
+
+
+def responses(status: str | None, proposals: list[ProposedCall]) -> dict[str, Any]:
+    response: dict[str, Any] = inbound("openai-responses", proposals)
+    if status is None:
+        del response["status"]
+    else:
+        response["status"] = status
+    return response
+
+
+@pytest.mark.parametrize("status", ["in_progress", "queued", "incomplete", "cancelled", "failed"])
+@pytest.mark.parametrize("proposals", [[], [WEATHER, STOCK]])
+def test_responses_only_a_completed_response_is_read(
+    status: str, proposals: list[ProposedCall]
+) -> None:
+    error = refused("openai-responses", responses(status, proposals))
+    assert error.code == "invalid_provider_envelope"
+    assert status in error.message and "not finished" in error.message
+
+
+def test_responses_background_response_still_running_is_not_a_final_answer() -> None:
+    error = refused("openai-responses", {"status": "in_progress", "output": []})
+    assert error.code == "invalid_provider_envelope"
+
+
+@pytest.mark.parametrize("proposals", [[], [WEATHER, STOCK]])
+def test_responses_completed_or_status_less_responses_are_read(
+    proposals: list[ProposedCall],
+) -> None:
+    for status in ("completed", None):
+        assert read_proposals("openai-responses", responses(status, proposals), KNOWN) == proposals
+
+
+@pytest.mark.parametrize("item_status", ["in_progress", "incomplete"])
+def test_responses_unfinished_function_call_item_is_refused(item_status: str) -> None:
+    response = responses("completed", [WEATHER])
+    response["output"][-1]["status"] = item_status
+    assert refused("openai-responses", response).code == "invalid_tool_call_field"
+
+
+@pytest.mark.parametrize("terminal", ["response.incomplete", "response.failed"])
+def test_responses_stream_ending_incomplete_is_refused(terminal: str) -> None:
+    final = responses("incomplete" if terminal.endswith("incomplete") else "failed", [WEATHER])
+    events = [{"type": terminal, "response": final}]
+    error = refused("openai-responses", events, stream=True)
+    assert error.code == "invalid_provider_envelope"
+
+
+# --- Gemini Interactions -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "status",
+    [
+        "in_progress",
+        "queued",
+        "idle",
+        "requires_continuation",
+        "incomplete",
+        "budget_exceeded",
+        "failed",
+        "cancelled",
+        "a_status_added_later",
+    ],
+)
+@pytest.mark.parametrize("proposals", [[], [WEATHER]])
+def test_interactions_only_requires_action_or_completed_is_read(
+    status: str, proposals: list[ProposedCall]
+) -> None:
+    response = inbound("gemini-interactions", proposals)
+    response["status"] = status
+    error = refused("gemini-interactions", response)
+    assert error.code == "invalid_provider_envelope"
+    assert status in error.message
+
+
+def test_interactions_without_status_are_read() -> None:
+    response = inbound("gemini-interactions", [WEATHER, STOCK])
+    del response["status"]
+    assert read_proposals("gemini-interactions", response, KNOWN) == [WEATHER, STOCK]
+
+
+# --- Gemini GenerateContent ----------------------------------------------------------------
+
+
+def gemini(finish: object, proposals: list[ProposedCall]) -> dict[str, Any]:
+    response: dict[str, Any] = inbound("gemini-generate-content", proposals)
+    candidate = response["candidates"][0]
+    if finish is None:
+        del candidate["finishReason"]
+    else:
+        candidate["finishReason"] = finish
+    return response
+
+
+@pytest.mark.parametrize(
+    "finish", ["MALFORMED_FUNCTION_CALL", "UNEXPECTED_TOOL_CALL", "TOO_MANY_TOOL_CALLS"]
+)
+@pytest.mark.parametrize("proposals", [[], [WEATHER]])
+def test_gemini_failed_calls_are_malformed(finish: str, proposals: list[ProposedCall]) -> None:
+    assert refused("gemini-generate-content", gemini(finish, proposals)).code == (
+        "malformed_tool_calls"
+    )
+
+
+@pytest.mark.parametrize(
+    "finish", ["CONTINUATION", "MALFORMED_RESPONSE", "MISSING_THOUGHT_SIGNATURE"]
+)
+@pytest.mark.parametrize("proposals", [[], [WEATHER, STOCK]])
+def test_gemini_candidates_that_are_no_answer_are_refused(
+    finish: str, proposals: list[ProposedCall]
+) -> None:
+    error = refused("gemini-generate-content", gemini(finish, proposals))
+    assert error.code == "invalid_provider_envelope"
+    assert finish in error.message
+
+
+@pytest.mark.parametrize(
+    "finish", ["MAX_TOKENS", "SAFETY", "RECITATION", "OTHER", "BLOCKLIST", "A_REASON_ADDED_LATER"]
+)
+def test_gemini_calls_in_a_candidate_that_stopped_early_are_refused(finish: str) -> None:
+    error = refused("gemini-generate-content", gemini(finish, [WEATHER, STOCK]))
+    assert error.code == "invalid_provider_envelope"
+    assert finish in error.message and "cut off" in error.message
+
+
+@pytest.mark.parametrize("finish", ["MAX_TOKENS", "SAFETY", "RECITATION"])
+def test_gemini_a_candidate_that_stopped_early_without_calls_is_a_final_answer(
+    finish: str,
+) -> None:
+    assert read_proposals("gemini-generate-content", gemini(finish, []), KNOWN) == []
+
+
+@pytest.mark.parametrize("finish", ["STOP", "FINISH_REASON_UNSPECIFIED", None])
+def test_gemini_calls_in_a_finished_candidate_are_read(finish: str | None) -> None:
+    response = gemini(finish, [WEATHER, STOCK])
+    assert read_proposals("gemini-generate-content", response, KNOWN) == [WEATHER, STOCK]
+
+
+def test_gemini_finish_reason_that_is_not_text_is_refused() -> None:
+    error = refused("gemini-generate-content", gemini(["STOP"], [WEATHER]))
+    assert error.code == "invalid_provider_envelope"
+
+
+@pytest.mark.parametrize("finish", ["MAX_TOKENS", "CONTINUATION"])
+def test_gemini_stream_whose_last_chunk_stopped_early_is_refused(finish: str) -> None:
+    parts = inbound("gemini-generate-content", [WEATHER])["candidates"][0]["content"]["parts"]
+    chunks = [{"candidates": [{"content": {"role": "model", "parts": [part]}}]} for part in parts]
+    chunks.append({"candidates": [{"content": {"parts": []}, "finishReason": finish}]})
+    error = refused("gemini-generate-content", chunks, stream=True)
+    assert error.code == "invalid_provider_envelope"
+
+
+# --- Anthropic Messages --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("stop", ["max_tokens", "model_context_window_exceeded", "refusal"])
+def test_anthropic_tool_use_in_a_cut_off_message_is_refused(stop: str) -> None:
+    response = inbound("anthropic-messages", [WEATHER, STOCK])
+    response["stop_reason"] = stop
+    error = refused("anthropic-messages", response)
+    assert error.code == "invalid_provider_envelope"
+    assert "cut off" in error.message and stop in error.message
+
+
+@pytest.mark.parametrize("stop", ["max_tokens", "end_turn", "stop_sequence"])
+def test_anthropic_a_message_without_tool_use_is_a_final_answer(stop: str) -> None:
+    response = inbound("anthropic-messages", [])
+    response["stop_reason"] = stop
+    assert read_proposals("anthropic-messages", response, KNOWN) == []
+
+
+def anthropic_stream(*pieces: str, stop_reason: str, stop_block: bool) -> list[dict[str, Any]]:
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": {"id": "msg_1", "content": [], "stop_reason": None}},
+        {
+            "type": "content_block_start",
+            "index": 0,
+            "content_block": {"type": "tool_use", "id": "c1", "name": "get_weather", "input": {}},
+        },
+    ]
+    events += [
+        {
+            "type": "content_block_delta",
+            "index": 0,
+            "delta": {"type": "input_json_delta", "partial_json": piece},
+        }
+        for piece in pieces
+    ]
+    if stop_block:
+        events.append({"type": "content_block_stop", "index": 0})
+    events += [
+        {"type": "message_delta", "delta": {"stop_reason": stop_reason}},
+        {"type": "message_stop"},
+    ]
+    return events
+
+
+@pytest.mark.parametrize("stop_block", [True, False])
+@pytest.mark.parametrize("pieces", [('{"city": "Seoul"}',), ('{"city": "Se',)])
+def test_anthropic_stream_cut_off_after_a_tool_use_block_is_refused(
+    pieces: tuple[str, ...], stop_block: bool
+) -> None:
+    # Whether or not the truncated input happens to parse, and whether or not the block
+    # was closed, the fault reported is the cut-off, never "bad JSON" or a read call.
+    events = anthropic_stream(*pieces, stop_reason="max_tokens", stop_block=stop_block)
+    error = refused("anthropic-messages", events, stream=True)
+    assert error.code == "invalid_provider_envelope"
+    assert "cut off" in error.message
+    finished = anthropic_stream('{"city": "Seoul"}', stop_reason="tool_use", stop_block=True)
+    assert read_stream("anthropic-messages", finished, KNOWN) == [WEATHER]
+
+
+# --- OpenAI Chat Completions ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("finish", ["length", "content_filter"])
+def test_chat_tool_calls_in_a_cut_off_message_are_refused(finish: str) -> None:
+    response = inbound("openai-chat", [WEATHER, STOCK])
+    response["choices"][0]["finish_reason"] = finish
+    error = refused("openai-chat", response)
+    assert error.code == "invalid_provider_envelope"
+    assert "cut off" in error.message and finish in error.message
+    # truncated arguments are reported as the cut-off too, not as invalid JSON
+    truncated = copy.deepcopy(response)
+    truncated["choices"][0]["message"]["tool_calls"][-1]["function"]["arguments"] = '{"sym'
+    assert refused("openai-chat", truncated).code == "invalid_provider_envelope"
+
+
+@pytest.mark.parametrize("finish", ["length", "content_filter", "stop"])
+def test_chat_a_message_without_tool_calls_is_a_final_answer(finish: str) -> None:
+    response = inbound("openai-chat", [])
+    response["choices"][0]["finish_reason"] = finish
+    assert read_proposals("openai-chat", response, KNOWN) == []
+
+
+def test_chat_tool_calls_with_finish_reason_stop_are_read() -> None:
+    # A forced tool_choice ends with "stop", not "tool_calls": that is a complete call.
+    response = inbound("openai-chat", [WEATHER])
+    response["choices"][0]["finish_reason"] = "stop"
+    assert read_proposals("openai-chat", response, KNOWN) == [WEATHER]
+
+
+def test_chat_stream_cut_off_by_length_is_refused() -> None:
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    call = {"index": 0, "id": "c1", "function": {"name": "get_weather", "arguments": '{"ci'}}
+    events = [chunk({"tool_calls": [call]}), chunk({}, finish="length")]
+    error = refused("openai-chat", events, stream=True)
+    assert error.code == "invalid_provider_envelope"
+    assert "cut off" in error.message
