@@ -14,6 +14,7 @@ import signal
 import sys
 import tempfile
 import threading
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -451,16 +452,14 @@ _BY = click.option(
 @_BY
 def approvals_approve_cmd(approval_id: str, by: str) -> None:
     """Grant a pending request; its calls resume through the queue."""
-    from store import approvals, transport
+    from store import approvals
 
     settings = _settings()
     engine = db.create(settings.require_database())
     with db.translate_errors("approvals"):
         resumed = approvals.approve(engine, approval_id, by=by)
-    if resumed:
-        queue = transport.job_queue(transport.connect(settings.require_redis()), settings.queue)
-        # If this enqueue is lost, the sweeper re-dispatches the resumed calls.
-        transport.enqueue_calls(queue, resumed, timeout=settings.job_timeout_seconds)
+    # If this enqueue is lost, the sweeper re-dispatches the resumed calls.
+    _dispatch(settings, resumed)
     click.echo(f"approved {approval_id} by {by}; {len(resumed)} call(s) resumed")
 
 
@@ -469,16 +468,24 @@ def approvals_approve_cmd(approval_id: str, by: str) -> None:
 @_BY
 def approvals_deny_cmd(approval_id: str, by: str) -> None:
     """Refuse a pending request; its calls end with approval_denied."""
-    from store import approvals, transport
+    from store import approvals
 
     settings = _settings()
     engine = db.create(settings.require_database())
     with db.translate_errors("approvals"):
         finished = approvals.deny(engine, approval_id, by=by)
-    if finished.successors:
-        queue = transport.job_queue(transport.connect(settings.require_redis()), settings.queue)
-        transport.enqueue_calls(queue, finished.successors, timeout=settings.job_timeout_seconds)
+    _dispatch(settings, finished.successors)
     click.echo(f"denied {approval_id} by {by}; {finished.finished} call(s) ended approval_denied")
+
+
+def _dispatch(settings: Settings, refs: list[uuid.UUID]) -> None:
+    """Enqueue calls an approver's decision made runnable (resumed, or next in their turn)."""
+    if not refs:
+        return
+    from store import transport
+
+    queue = transport.job_queue(transport.connect(settings.require_redis()), settings.queue)
+    transport.enqueue_calls(queue, refs, timeout=settings.job_timeout_seconds)
 
 
 @cli.command("tools")

@@ -77,11 +77,8 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
         log.warning("job for unknown call %s dropped", ref)
         return "unknown_call"
     d = _Delivery(rt, call)
-    if call.state in TERMINAL_STATES:
-        d.trace("duplicate_delivery", state=call.state)
-        return "duplicate_delivery"
-    if call.state == "awaiting_approval":
-        # Approving puts the call back to 'proposed' before enqueueing it: this job is stale.
+    if call.state in TERMINAL_STATES or call.state == "awaiting_approval":
+        # A parked call has no job: approving puts it back to 'proposed' before enqueueing.
         d.trace("duplicate_delivery", state=call.state)
         return "duplicate_delivery"
     if call.after_call is not None and call.after_state not in TERMINAL_STATES:
@@ -109,9 +106,7 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
             tool_version=tool.version,
             schema_version=tool.schema_version,
             resource=canonical,
-            scope=",".join(
-                sorted(r for r in call.roles if tool.name in rt.registry.allowlist.get(r, ()))
-            ),
+            scope=rt.registry.scope_of(tool.name, call.roles),
         )
 
     if call.op_intent is not None and call.op_canonical is not None:

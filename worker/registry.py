@@ -185,6 +185,11 @@ class Registry:
             allowed |= self.allowlist.get(role, frozenset())
         return frozenset(allowed)
 
+    def scope_of(self, tool_name: str, roles: Iterable[str]) -> str:
+        """The roles that allow this tool, as part of an intent: a change in them is a
+        change in what the call is authorised as."""
+        return ",".join(sorted(r for r in roles if tool_name in self.allowlist.get(r, ())))
+
     def definitions_for(self, roles: Iterable[str]) -> list[dict[str, Any]]:
         """The tools a model acting for these roles may be shown: the allowlist, never more."""
         allowed = self.allowed_for(roles)

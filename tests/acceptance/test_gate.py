@@ -11,7 +11,6 @@ import json
 import signal
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from typing import Any
 
 from sqlalchemy import Engine, text
@@ -98,9 +97,7 @@ def pre_approve(
         tool_version=tool.version,
         schema_version=tool.schema_version,
         resource=facts.canonical,
-        scope=",".join(
-            sorted(r for r in ctx["roles"] if tool.name in registry.allowlist.get(r, ()))
-        ),
+        scope=registry.scope_of(tool.name, ctx["roles"]),
     )
     with engine.begin() as conn:
         conn.execute(
@@ -149,17 +146,6 @@ def final(engine: Engine, ref: str) -> dict[str, Any]:
 
 
 # --- the seed's 23-row gate table (§9.1) ----------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Decision:
-    allowed: bool = True
-    schema_valid: bool = True
-    business_valid: bool = True
-    authorized: bool = True
-    approval_required: bool = True
-    approval_granted: bool = True
-    overrides: dict[str, bool] = field(default_factory=dict)
 
 
 GATE_TABLE: list[tuple[str, dict[str, bool], int]] = [

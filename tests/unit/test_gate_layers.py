@@ -100,6 +100,13 @@ def test_definitions_shown_are_the_allowlist_never_more() -> None:
     assert registry.definitions_for(["no-such-role"]) == []
 
 
+def test_the_scope_in_an_intent_is_the_roles_that_allow_the_tool() -> None:
+    registry = demo_registry()
+    assert registry.scope_of("refund_payment", ["viewer", "support"]) == "support"
+    assert registry.scope_of("get_news", ["viewer", "support"]) == "support,viewer"
+    assert registry.scope_of("refund_payment", ["viewer"]) == ""
+
+
 def test_allowlist_from_inline_json_and_from_a_file(tmp_path: Path) -> None:
     inline = from_env({"CALLGATE_ALLOWLIST": '{"auditor": ["get_news"]}'})
     assert inline.allowed_for(["auditor"]) == {"get_news"}
