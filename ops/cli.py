@@ -128,7 +128,8 @@ def relayer_cmd() -> None:
 
 @cli.command("sweeper")
 def sweeper_cmd() -> None:
-    """Re-dispatch calls whose worker died or whose job Redis lost."""
+    """Re-dispatch calls whose worker died or whose job Redis lost; end calls dispatched
+    CALLGATE_MAX_DISPATCHES times that are still open."""
     from store import sweeper, transport
 
     settings = _settings()
@@ -140,6 +141,7 @@ def sweeper_cmd() -> None:
             interval=settings.sweep_seconds,
             stale_seconds=settings.stale_seconds,
             job_timeout=settings.job_timeout_seconds,
+            max_dispatches=settings.max_dispatches,
             stop=stop,
         )
 

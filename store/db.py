@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TypeVar
 
 import psycopg
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from store.errors import ConfigurationError, ServiceUnavailable
+
+_T = TypeVar("_T")
 
 
 def sqlalchemy_url(url: str) -> str:
@@ -72,3 +76,29 @@ def autocommit(engine: Engine) -> Iterator[Connection]:
     """
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         yield conn
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure the same statement may not meet again: a lost or terminated connection, a
+    deadlock or serialization abort. Not bad data, not a constraint violation."""
+    if isinstance(exc, OperationalError):  # includes deadlock_detected, admin_shutdown
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+TRANSIENT_ATTEMPTS = 5
+
+
+def retry_transient(attempt: Callable[[], _T]) -> _T:
+    """Run ``attempt`` (one guarded, self-contained statement), again on a transient failure.
+
+    Only for statements that are safe to repeat: each guarantee statement is guarded on the
+    state it moves from, so a repeat after a commit whose reply was lost changes nothing.
+    """
+    retrying = Retrying(
+        stop=stop_after_attempt(TRANSIENT_ATTEMPTS),
+        wait=wait_exponential(multiplier=0.05, max=1),
+        retry=retry_if_exception(is_transient),
+        reraise=True,
+    )
+    return retrying(attempt)

@@ -35,6 +35,7 @@ class ErrorCode(StrEnum):
     STALE_FENCE = "stale_fence"
     RECONCILIATION_PENDING = "reconciliation_pending"
     EXECUTION_FAILED = "execution_failed"
+    DELIVERY_EXHAUSTED = "delivery_exhausted"
     # Correlation (SPEC §4).
     MISSING_RESULT = "missing_result"
     DUPLICATE_RESULT = "duplicate_result"
@@ -134,7 +135,31 @@ class CorrelationError(CallgateError):
 
 
 class ToolError(CallgateError):
-    """Raised by the gate or a tool handler; becomes the call's terminal error result."""
+    """Raised by the gate or a tool handler; becomes the call's terminal error result.
+
+    ``applied=False`` says the handler knows the downstream did not apply this attempt (it
+    refused before writing, the connection was never opened): a retryable error is then
+    safe to retry even for a write whose downstream takes no idempotency key. Left unset, a
+    retryable error from such a write may have applied and goes to reconciliation.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: ErrorCode | None = None,
+        details: list[dict[str, Any]] | None = None,
+        applied: bool | None = None,
+    ) -> None:
+        super().__init__(message, code=code, details=details)
+        self.applied = applied
+
+
+class UnstorableValue(CallgateError):
+    """A value PostgreSQL refuses to store (a NUL character, a non-finite number): no retry
+    can ever commit it."""
+
+    code = ErrorCode.EXECUTION_FAILED
 
 
 class StaleFence(ToolError):

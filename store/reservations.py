@@ -4,8 +4,15 @@
   lease that has expired is taken over with ``generation + 1`` (the fencing token).
 - ``renew``: extends the lease only for the same owner and generation.
 - ``complete``: requires state ``in_progress`` and the same intent, owner and generation; in
-  the same statement it writes the result, every open call of the operation, their outbox
-  rows and trace events, and wakes the relayer. No row means a stale owner: nothing changes.
+  the same statement it writes the result to the operation and to every call the operation
+  started, their outbox rows and trace events, and wakes the relayer. No row means a stale
+  owner: nothing changes. Other calls still waiting on the operation are dispatched again:
+  each runs the gate and reuses the result if its intent matches, or gets
+  ``idempotency_conflict`` if it asked for something else under the same operation id.
+- ``conclude``: ends an operation whose owner's lease expired without running anything
+  again (an intent that changed during a crash gap, a call out of dispatches), guarded on
+  the generation the caller saw.
+- ``abandon``: ends one call whose operation nobody holds (out of dispatches).
 - ``refuse``: a gate refusal decided on server state (business rule, authorization, approval
   denied). It ends the *operation* with the refusal, guarded on ``state = 'pending'``, so it
   serialises with ``reserve`` on the operation row: a refusal can never overwrite a call whose
@@ -15,20 +22,29 @@
   outbox and trace in the same statement. ``reject`` ends only a call still ``proposed``,
   and ``reserve`` locks the call row first, so a refusal and a reservation of one call
   cannot both win.
+
+Lock order: every statement that locks both locks the calls first (in id order when it
+locks several), then the operation, so no two of them can deadlock. Each statement is safe
+to repeat: a connection lost after its commit is retried (``db.retry_transient``), and a
+repeat that finds its own earlier commit reports it as its own.
 """
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import DataError
 
 from store import db
+from store.errors import UnstorableValue
 from store.types import TERMINAL_STATES
+
+_T = TypeVar("_T")
 
 RESERVE_SQL = """
 WITH live AS (
@@ -82,8 +98,8 @@ RETURNING lease_expires_at
 
 # The tail shared by every statement that ends calls: `finished` holds the calls just made
 # terminal (id, turn_id, result, status). Their outbox rows, trace events, the relayer's
-# wake-up and the next write of each turn are written in the same statement.
-FINISH_TAIL = """
+# wake-up and the dispatch of the calls this unblocks (`next`) happen in the same statement.
+_TAIL = """
 , outboxed AS (
     INSERT INTO callgate.outbox (turn_id, call_ref, payload)
     SELECT turn_id, id, result FROM finished
@@ -99,8 +115,8 @@ FINISH_TAIL = """
 ), successors AS (
     UPDATE callgate.calls AS s
        SET dispatched_at = now(), dispatches = s.dispatches + 1
-      FROM finished
-     WHERE s.after_call = finished.id AND s.state = 'proposed'
+      FROM (NEXT) AS next
+     WHERE s.id = next.id AND s.state = 'proposed'
     RETURNING s.id
 )
 SELECT (SELECT count(*) FROM finished) AS finished,
@@ -108,9 +124,37 @@ SELECT (SELECT count(*) FROM finished) AS finished,
        (SELECT coalesce(array_agg(id), '{}') FROM successors) AS successors
 """
 
+# The next write of each finished call's turn.
+_NEXT_WRITE = """
+SELECT n.id FROM finished JOIN callgate.calls AS n ON n.after_call = finished.id"""
+
+# For statements that settle an operation's outcome, also the other calls waiting on it:
+# each reuses the outcome, or gets idempotency_conflict, when it runs the gate.
+_WAITING_ON_OPERATION = """
+UNION
+SELECT n.id
+  FROM finished
+  JOIN callgate.calls AS n ON n.operation_id = finished.operation_id
+  LEFT JOIN callgate.calls AS prev ON prev.id = n.after_call
+ WHERE n.id NOT IN (SELECT id FROM finished)
+   AND (prev.id IS NULL OR prev.state IN ('succeeded', 'failed_retryable', 'failed_terminal'))"""
+
+FINISH_TAIL = _TAIL.replace("(NEXT)", f"({_NEXT_WRITE}\n)")
+OPERATION_TAIL = _TAIL.replace("(NEXT)", f"({_NEXT_WRITE}{_WAITING_ON_OPERATION}\n)")
+
+# Calls first, in id order, then the operation: the order every statement here locks in.
+LOCK_CALLS = """
+WITH locked AS (
+    SELECT id FROM callgate.calls
+     WHERE operation_id = :operation_id
+       AND state IN ('proposed', 'started', 'awaiting_approval')
+     ORDER BY id
+       FOR UPDATE
+)"""
+
 COMPLETE_SQL = (
-    """
-WITH op AS (
+    LOCK_CALLS
+    + """, op AS (
     UPDATE callgate.operations
        SET state = :op_state,
            result = CASE WHEN CAST(:op_state AS text) = 'pending' THEN NULL
@@ -123,25 +167,27 @@ WITH op AS (
        AND intent_hash = :intent_hash
        AND owner_token = :owner_token
        AND generation = :generation
+       AND (SELECT count(*) FROM locked) >= 0  -- the calls are locked before this row
     RETURNING operation_id
 ), finished AS (
+    -- Every call a reservation of this operation started (this one, and any whose owner
+    -- died in a crash gap): they all ran under this intent.
     UPDATE callgate.calls AS c
        SET state = :status,
            result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
                     || CAST(:body AS jsonb),
            completed_at = now()
       FROM op
-     WHERE c.operation_id = op.operation_id
-       AND c.state IN ('proposed', 'started', 'awaiting_approval')
+     WHERE c.operation_id = op.operation_id AND c.state = 'started'
     RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
 )"""
-    + FINISH_TAIL
+    + OPERATION_TAIL
     + ", (SELECT count(*) FROM op) AS won"
 )
 
 REFUSE_SQL = (
-    """
-WITH op AS (
+    LOCK_CALLS
+    + """, op AS (
     UPDATE callgate.operations
        SET state = :op_state,
            intent_hash = CASE WHEN CAST(:op_state AS text) = 'pending' THEN intent_hash
@@ -154,21 +200,21 @@ WITH op AS (
      WHERE operation_id = :operation_id
        AND state = 'pending'
        AND (intent_hash IS NULL OR intent_hash = :intent_hash)
+       AND (SELECT count(*) FROM locked) >= 0  -- the calls are locked before this row
     RETURNING operation_id
 ), finished AS (
+    -- This call. A terminal refusal is also the operation's outcome: other calls of it are
+    -- dispatched again and reuse it when their intent matches.
     UPDATE callgate.calls AS c
        SET state = :status,
            result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
                     || CAST(:body AS jsonb),
            completed_at = now()
       FROM op
-     WHERE c.operation_id = op.operation_id
-       AND c.state IN ('proposed', 'started', 'awaiting_approval')
-       -- a retryable refusal ends only this call; a terminal one is the operation's outcome
-       AND (CAST(:op_state AS text) <> 'pending' OR c.id = :call_ref)
+     WHERE c.id = :call_ref AND c.state IN ('proposed', 'started')
     RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
 )"""
-    + FINISH_TAIL
+    + OPERATION_TAIL
     + ", (SELECT count(*) FROM op) AS won"
 )
 
@@ -206,11 +252,75 @@ WITH finished AS (
     + FINISH_TAIL
 )
 
+CONCLUDE_SQL = (
+    LOCK_CALLS
+    + """, op AS (
+    UPDATE callgate.operations
+       SET state = 'failed',
+           result = CAST(:body AS jsonb),
+           owner_token = NULL,
+           lease_expires_at = NULL,
+           completed_at = now()
+     WHERE operation_id = :operation_id
+       AND state = 'in_progress'
+       AND lease_expires_at < now()
+       AND generation = :generation
+       AND (SELECT count(*) FROM locked) >= 0  -- the calls are locked before this row
+    RETURNING operation_id
+), finished AS (
+    UPDATE callgate.calls AS c
+       SET state = 'failed_terminal',
+           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+                    || CAST(:body AS jsonb),
+           completed_at = now()
+      FROM op
+     WHERE c.operation_id = op.operation_id AND c.state = 'started'
+    RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
+)"""
+    + OPERATION_TAIL
+    + ", (SELECT count(*) FROM op) AS won"
+)
+
+ABANDON_SQL = (
+    """
+WITH target AS (
+    SELECT id, operation_id FROM callgate.calls
+     WHERE id = :call_ref AND state IN ('proposed', 'started')
+       FOR UPDATE
+), idle AS (
+    -- Nobody holds the operation, and nobody can reserve it while this runs: a reservation
+    -- would need the call row (locked above) and this row (shared-locked here).
+    SELECT op.operation_id FROM callgate.operations AS op
+     WHERE op.operation_id = (SELECT operation_id FROM target)
+       AND op.state <> 'in_progress'
+       FOR SHARE
+), finished AS (
+    UPDATE callgate.calls AS c
+       SET state = 'failed_terminal',
+           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+                    || CAST(:body AS jsonb),
+           completed_at = now()
+      FROM target, idle
+     WHERE c.id = target.id
+    RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
+)"""
+    + FINISH_TAIL
+)
+
 WHY_LOST_SQL = """
-SELECT op.state, op.intent_hash, op.generation, c.state AS call_state
+SELECT op.state, op.intent_hash, op.generation, op.owner_token, op.reserved_from,
+       coalesce(op.lease_expires_at < now(), false) AS lease_expired,
+       c.state AS call_state
   FROM callgate.operations AS op
   JOIN callgate.calls AS c ON c.operation_id = op.operation_id
  WHERE op.operation_id = :operation_id AND c.id = :call_ref
+"""
+
+COMPLETED_BY_SQL = """
+SELECT 1 FROM callgate.operations
+ WHERE operation_id = :operation_id AND generation = :generation AND state = :op_state
+   AND result IS NOT DISTINCT FROM (CASE WHEN CAST(:op_state AS text) = 'pending' THEN NULL
+                                         ELSE CAST(:body AS jsonb) END)
 """
 
 TRACE_SQL = """
@@ -227,11 +337,16 @@ class Reserved:
 
 @dataclass(frozen=True)
 class NotReserved:
-    """Why the reservation failed: done (reuse), busy (another live owner), conflict, or the
-    call itself already ended (another delivery finished it)."""
+    """Why a guarded statement matched no row: done (reuse), busy (another owner holds it),
+    conflict (another intent holds the operation id), missing, or the call itself already
+    ended (another delivery finished it). ``op_state``, ``call_state`` and
+    ``lease_expired`` say what was read, so the caller can choose its next step."""
 
     reason: Literal["done", "busy", "conflict", "missing", "ended"]
     generation: int = 0
+    op_state: str = ""
+    call_state: str = ""
+    lease_expired: bool = False
 
 
 @dataclass(frozen=True)
@@ -261,42 +376,65 @@ def reserve(
     canonical: Mapping[str, Any] | None = None,
     detail: dict[str, Any] | None = None,
 ) -> Reserved | NotReserved:
-    with db.autocommit(engine) as conn:
-        row = conn.execute(
-            text(RESERVE_SQL),
-            {
-                "operation_id": operation_id,
-                "call_ref": call_ref,
-                "turn_id": turn_id,
-                "owner_token": owner_token,
-                "intent_hash": intent_hash,
-                "canonical": json.dumps(dict(canonical or {})),
-                "lease_seconds": lease_seconds,
-                "detail": json.dumps(detail or {}),
-            },
-        ).first()
-        if row is not None:
-            return Reserved(row.generation, takeover=row.reserved_from == "in_progress")
-        return why_lost(conn, operation_id=operation_id, call_ref=call_ref, intent_hash=intent_hash)
+    params = {
+        "operation_id": operation_id,
+        "call_ref": call_ref,
+        "turn_id": turn_id,
+        "owner_token": owner_token,
+        "intent_hash": intent_hash,
+        "canonical": json.dumps(dict(canonical or {})),
+        "lease_seconds": lease_seconds,
+        "detail": json.dumps(detail or {}),
+    }
+
+    def attempt() -> Reserved | NotReserved:
+        with db.autocommit(engine) as conn:
+            row = conn.execute(text(RESERVE_SQL), params).first()
+            if row is not None:
+                return Reserved(row.generation, takeover=row.reserved_from == "in_progress")
+            return why_lost(
+                conn,
+                operation_id=operation_id,
+                call_ref=call_ref,
+                intent_hash=intent_hash,
+                owner_token=owner_token,
+            )
+
+    return db.retry_transient(attempt)
 
 
 def why_lost(
-    conn: Connection, *, operation_id: str, call_ref: uuid.UUID, intent_hash: str
-) -> NotReserved:
+    conn: Connection,
+    *,
+    operation_id: str,
+    call_ref: uuid.UUID,
+    intent_hash: str,
+    owner_token: uuid.UUID | None = None,
+) -> Reserved | NotReserved:
     """Read why a guarded statement matched no row, only to choose what this delivery does
-    next. Nothing changes state on the strength of this read."""
+    next. Nothing changes state on the strength of this read. A reservation that already
+    carries ``owner_token`` is this delivery's own, committed by an attempt whose reply was
+    lost."""
     op = conn.execute(
         text(WHY_LOST_SQL), {"operation_id": operation_id, "call_ref": call_ref}
     ).first()
     if op is None:
         return NotReserved("missing")
+    if owner_token is not None and op.owner_token == owner_token and op.state == "in_progress":
+        return Reserved(op.generation, takeover=op.reserved_from == "in_progress")
+    seen = {
+        "generation": op.generation,
+        "op_state": op.state,
+        "call_state": op.call_state,
+        "lease_expired": bool(op.lease_expired),
+    }
     if op.call_state in TERMINAL_STATES:
-        return NotReserved("ended", op.generation)
+        return NotReserved("ended", **seen)
     if op.intent_hash is not None and op.intent_hash != intent_hash:
-        return NotReserved("conflict", op.generation)
+        return NotReserved("conflict", **seen)
     if op.state in ("succeeded", "failed"):
-        return NotReserved("done", op.generation)
-    return NotReserved("busy", op.generation)
+        return NotReserved("done", **seen)
+    return NotReserved("busy", **seen)
 
 
 def renew(conn: Connection, lease: Lease, lease_seconds: float) -> bool:
@@ -315,7 +453,7 @@ def renew(conn: Connection, lease: Lease, lease_seconds: float) -> bool:
 def result_body(status: str, payload: dict[str, Any]) -> str:
     """``{"status", "data"}`` or ``{"status", "error"}``: a result without its call's ids."""
     key = "data" if status == "succeeded" else "error"
-    return json.dumps({"status": status, key: payload})
+    return json.dumps({"status": status, key: payload}, allow_nan=False)
 
 
 def complete(
@@ -326,26 +464,46 @@ def complete(
     payload: dict[str, Any],
     detail: dict[str, Any] | None = None,
 ) -> Finished:
-    """Commit the outcome iff this owner still holds this generation. Else change nothing."""
+    """Commit the outcome iff this owner still holds this generation. Else change nothing.
+
+    Retried on a lost connection or a deadlock abort: the statement is guarded, and a retry
+    that finds this very outcome already committed (its reply was lost) reports it as won.
+    A value Postgres cannot store raises ``UnstorableValue`` and changes nothing.
+    """
     assert status in TERMINAL_STATES
     # A retryable failure ends the call but leaves the operation open for a later retry.
     op_state = {"succeeded": "succeeded", "failed_terminal": "failed"}.get(status, "pending")
-    with db.autocommit(engine) as conn:
-        row = conn.execute(
-            text(COMPLETE_SQL),
-            {
-                "operation_id": lease.operation_id,
-                "owner_token": lease.owner_token,
-                "generation": lease.generation,
-                "intent_hash": lease.intent_hash,
-                "op_state": op_state,
-                "status": status,
-                "body": result_body(status, payload),
-                "event": "completed",
-                "detail": json.dumps(detail or {}),
-            },
-        ).one()
-    return Finished(row.finished, list(row.successors), won=bool(row.won))
+    try:
+        body = result_body(status, payload)
+    except ValueError as exc:  # NaN or Infinity: JSON has no such number
+        raise UnstorableValue(f"the result holds a value JSON cannot carry ({exc})") from None
+    params = {
+        "operation_id": lease.operation_id,
+        "owner_token": lease.owner_token,
+        "generation": lease.generation,
+        "intent_hash": lease.intent_hash,
+        "op_state": op_state,
+        "status": status,
+        "body": body,
+        "event": "completed",
+        "detail": json.dumps(detail or {}),
+    }
+
+    attempts = 0
+
+    def attempt() -> Finished:
+        nonlocal attempts
+        attempts += 1
+        with db.autocommit(engine) as conn:
+            row = conn.execute(text(COMPLETE_SQL), params).one()
+            if row.won:
+                return Finished(row.finished, list(row.successors), won=True)
+            if attempts > 1:  # did the attempt whose connection died commit first?
+                mine = conn.execute(text(COMPLETED_BY_SQL), params).first()
+                return Finished(0, [], won=mine is not None)
+            return Finished(0, [], won=False)
+
+    return _storing(attempt)
 
 
 def refuse(
@@ -361,25 +519,31 @@ def refuse(
 ) -> Finished | NotReserved:
     """End the operation with a gate refusal iff nobody reserved or finished it first."""
     op_state = "failed" if status == "failed_terminal" else "pending"
-    with db.autocommit(engine) as conn:
-        row = conn.execute(
-            text(REFUSE_SQL),
-            {
-                "operation_id": operation_id,
-                "call_ref": call_ref,
-                "intent_hash": intent_hash,
-                "canonical": json.dumps(dict(canonical or {})),
-                "op_state": op_state,
-                "status": status,
-                "body": result_body(status, error),
-                "event": "refused",
-                "generation": None,
-                "detail": json.dumps(detail or {}),
-            },
-        ).one()
-        if row.won:
-            return Finished(row.finished, list(row.successors))
-        return why_lost(conn, operation_id=operation_id, call_ref=call_ref, intent_hash=intent_hash)
+    params = {
+        "operation_id": operation_id,
+        "call_ref": call_ref,
+        "intent_hash": intent_hash,
+        "canonical": json.dumps(dict(canonical or {})),
+        "op_state": op_state,
+        "status": status,
+        "body": result_body(status, error),
+        "event": "refused",
+        "generation": None,
+        "detail": json.dumps(detail or {}),
+    }
+
+    def attempt() -> Finished | NotReserved:
+        with db.autocommit(engine) as conn:
+            row = conn.execute(text(REFUSE_SQL), params).one()
+            if row.won:
+                return Finished(row.finished, list(row.successors))
+            lost = why_lost(
+                conn, operation_id=operation_id, call_ref=call_ref, intent_hash=intent_hash
+            )
+            assert isinstance(lost, NotReserved)  # no owner token: never our reservation
+            return lost
+
+    return _storing(attempt)
 
 
 def reject(
@@ -391,37 +555,93 @@ def reject(
     detail: dict[str, Any] | None = None,
 ) -> Finished:
     """End one call that the gate refused. Nothing was reserved; nothing ran."""
-    with db.autocommit(engine) as conn:
-        row = conn.execute(
-            text(REJECT_SQL),
-            {
-                "call_ref": call_ref,
-                "status": status,
-                "body": result_body(status, error),
-                "event": "rejected",
-                "generation": None,
-                "detail": json.dumps(detail or {}),
-            },
-        ).one()
-    return Finished(row.finished, list(row.successors))
+    params = {
+        "call_ref": call_ref,
+        "status": status,
+        "body": result_body(status, error),
+        "event": "rejected",
+        "generation": None,
+        "detail": json.dumps(detail or {}),
+    }
+    return _storing(lambda: _finish_statement(engine, REJECT_SQL, params))
 
 
 def reuse(
     engine: Engine, *, call_ref: uuid.UUID, intent_hash: str, detail: dict[str, Any] | None = None
 ) -> Finished:
     """End one call with the result its operation already committed (a redelivery)."""
-    with db.autocommit(engine) as conn:
-        row = conn.execute(
-            text(REUSE_SQL),
-            {
-                "call_ref": call_ref,
-                "intent_hash": intent_hash,
-                "event": "result_reused",
-                "generation": None,
-                "detail": json.dumps(detail or {}),
-            },
-        ).one()
+    params = {
+        "call_ref": call_ref,
+        "intent_hash": intent_hash,
+        "event": "result_reused",
+        "generation": None,
+        "detail": json.dumps(detail or {}),
+    }
+    return _storing(lambda: _finish_statement(engine, REUSE_SQL, params))
+
+
+def conclude(
+    conn: Connection,
+    *,
+    operation_id: str,
+    generation: int,
+    error: dict[str, Any],
+    event: str,
+    detail: dict[str, Any] | None = None,
+) -> Finished:
+    """End an operation whose owner's lease expired at ``generation``, and every call it
+    started, with a terminal error; nothing runs again. ``won`` is False when someone took
+    the operation over or finished it first."""
+    row = conn.execute(
+        text(CONCLUDE_SQL),
+        {
+            "operation_id": operation_id,
+            "generation": generation,
+            "body": result_body("failed_terminal", error),
+            "event": event,
+            "detail": json.dumps(detail or {}),
+        },
+    ).one()
+    return Finished(row.finished, list(row.successors), won=bool(row.won))
+
+
+def abandon(
+    conn: Connection,
+    *,
+    call_ref: uuid.UUID,
+    error: dict[str, Any],
+    event: str,
+    detail: dict[str, Any] | None = None,
+) -> Finished:
+    """End one open call whose operation nobody holds, with a terminal error."""
+    row = conn.execute(
+        text(ABANDON_SQL),
+        {
+            "call_ref": call_ref,
+            "body": result_body("failed_terminal", error),
+            "event": event,
+            "generation": None,
+            "detail": json.dumps(detail or {}),
+        },
+    ).one()
     return Finished(row.finished, list(row.successors))
+
+
+def _finish_statement(engine: Engine, sql: str, params: dict[str, Any]) -> Finished:
+    with db.autocommit(engine) as conn:
+        row = conn.execute(text(sql), params).one()
+    return Finished(row.finished, list(row.successors))
+
+
+def _storing(attempt: Callable[[], _T]) -> _T:
+    """Run a statement that stores a result: retried while the failure is transient; a
+    value Postgres refuses to store (a NUL character, an invalid escape) is reported as
+    ``UnstorableValue``, since no retry can ever commit it."""
+    try:
+        return db.retry_transient(attempt)
+    except DataError as exc:
+        reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else "DataError"
+        raise UnstorableValue(f"PostgreSQL cannot store this result ({reason})") from exc
 
 
 def trace(

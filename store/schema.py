@@ -149,6 +149,12 @@ Index(
     calls.c.dispatched_at,
     postgresql_where=text("state IN ('proposed', 'started')"),
 )
+# The sweeper's other half: parked calls only, so its cost never grows with history.
+Index(
+    "calls_awaiting",
+    calls.c.approval_id,
+    postgresql_where=text("state = 'awaiting_approval'"),
+)
 
 outbox = Table(
     "outbox",

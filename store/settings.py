@@ -55,6 +55,7 @@ class Settings:
     job_timeout_seconds: float = 300.0
     turn_call_budget: int = 32
     conversation_call_budget: int = 256
+    max_dispatches: int = 10
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Self:
@@ -77,6 +78,7 @@ class Settings:
             job_timeout_seconds=_float(env, "CALLGATE_JOB_TIMEOUT_SECONDS", 300.0, minimum=1),
             turn_call_budget=_int(env, "CALLGATE_TURN_CALL_BUDGET", 32, minimum=1),
             conversation_call_budget=_int(env, "CALLGATE_CONVERSATION_CALL_BUDGET", 256, minimum=1),
+            max_dispatches=_int(env, "CALLGATE_MAX_DISPATCHES", 10, minimum=1),
         )
 
     def require_database(self) -> str:

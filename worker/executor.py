@@ -17,6 +17,7 @@ import logging
 import time
 import uuid
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel
@@ -27,8 +28,15 @@ from tenacity import (
     wait_exponential,
 )
 
-from store import approvals, calls, reservations, transport
-from store.errors import CallgateError, ErrorCode, StaleFence, ToolError
+from store import approvals, calls, db, reservations, transport
+from store.errors import (
+    CallgateError,
+    ErrorCode,
+    ServiceUnavailable,
+    StaleFence,
+    ToolError,
+    UnstorableValue,
+)
 from store.turns import RAW_ARGUMENTS
 from store.types import TERMINAL_STATES
 from worker import gate, results
@@ -72,7 +80,7 @@ class _Delivery:
 
 def execute(rt: Runtime, ref: uuid.UUID) -> str:
     """Run one delivery of call ``ref``. Returns what happened, for logs and tests."""
-    call = calls.load(rt.engine, ref)
+    call = db.retry_transient(lambda: calls.load(rt.engine, ref))
     if call is None:
         log.warning("job for unknown call %s dropped", ref)
         return "unknown_call"
@@ -229,6 +237,7 @@ def _settle_approval(
 def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts: Facts) -> str:
     rt, call = d.rt, d.call
     owner = uuid.uuid4()
+    sent = time.monotonic()
     reserved = reservations.reserve(
         rt.engine,
         operation_id=call.operation_id,
@@ -244,32 +253,29 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
         return _lost(d, reserved, intent)
 
     lease = reservations.Lease(call.operation_id, owner, reserved.generation, intent)
-    if reserved.takeover and tool.kind == "write" and not _safe_to_take_over(tool):
-        # SPEC §7: an irreversible write with neither idempotency nor fencing downstream is
-        # never re-run automatically; a person reconciles it from a status lookup.
-        pending = ToolError(
-            "the previous attempt may have applied; a person must reconcile it",
-            code=ErrorCode.RECONCILIATION_PENDING,
-        )
-        _finish(rt, reservations.complete(rt.engine, lease, **_failure(pending, d)))
-        return "reconciliation_pending"
+    if reserved.takeover and not _safe_to_repeat(tool):
+        # The previous owner died or stalled after it started: its write may have applied,
+        # and nothing here can tell. Fencing does not help: it refuses a stale owner's late
+        # write, not a second write after the first one landed. A person reconciles it.
+        return _complete(d, lease, _reconciliation("the previous attempt may have applied"))
 
-    ctx = ExecutionContext(
-        tenant_id=call.tenant_id,
-        user_id=call.user_id,
-        operation_id=call.operation_id,
-        idempotency_key=key,
-        fencing_token=reserved.generation,
-        request_id=call.request_id,
-        canonical=facts.canonical,
-    )
     started = time.monotonic()
     detail = dict(d.audit)
-    with Heartbeat(rt.engine, lease, rt.settings.lease_seconds) as heartbeat:
+    with Heartbeat(rt.engine, lease, rt.settings.lease_seconds, reserved_at=sent) as heartbeat:
+        ctx = ExecutionContext(
+            tenant_id=call.tenant_id,
+            user_id=call.user_id,
+            operation_id=call.operation_id,
+            idempotency_key=key,
+            fencing_token=reserved.generation,
+            request_id=call.request_id,
+            canonical=facts.canonical,
+            lease_lost=heartbeat.expired,
+        )
         try:
             raw = _run_handler(tool, args, ctx, heartbeat)
-            status = "succeeded"
             payload, notes = results.safe_result(tool, raw)
+            outcome = _Outcome("succeeded", payload)
             if notes:
                 detail["result_notes"] = notes
             if tool.audit_field and isinstance(raw.get(tool.audit_field), list):
@@ -278,32 +284,88 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
             d.trace("stale_fence_rejected", generation=reserved.generation, message=err.message)
             return "stale_fence"
         except ToolError as err:
-            status, payload = _status(err), _error(err)
-        except Exception:  # a handler bug: never leak its text or traceback to the model
+            if err.retryable and err.applied is not False and not _safe_to_repeat(tool):
+                # "Try again later" from a write that may have applied (a timeout after the
+                # request left) and that nothing downstream deduplicates: not a retry.
+                outcome = _reconciliation("the write may have applied before it failed")
+            else:
+                outcome = _Outcome(_status(err), _error(err))
+        except Exception:  # a handler bug, a job timeout: never leak its text to the model
             log.exception("handler %s failed", tool.name)
-            status = "failed_terminal"
-            payload = {"code": ErrorCode.EXECUTION_FAILED.value, "details": []}
+            if tool.kind == "write":
+                # The write's outcome is unknown, which is not a failure: it may have applied.
+                outcome = _reconciliation("the write's outcome is unknown")
+            else:
+                outcome = _Outcome(
+                    "failed_terminal", {"code": ErrorCode.EXECUTION_FAILED.value, "details": []}
+                )
     detail["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
-    finished = reservations.complete(
-        rt.engine, lease, status=status, payload=payload, detail=detail
-    )
-    if not finished.won:
-        d.trace("stale_completion_rejected", generation=reserved.generation, status=status)
-        return "stale_completion"
-    _finish(rt, finished)
-    log.info(
-        "call %s %s gen=%d %s in %.0f ms",
-        call.call_id,
-        tool.name,
-        reserved.generation,
-        status,
-        detail["duration_ms"],
-    )
+    d.audit = detail
+    status = _complete(d, lease, outcome)
+    if status in TERMINAL_STATES:
+        log.info(
+            "call %s %s gen=%d %s in %.0f ms",
+            call.call_id,
+            tool.name,
+            reserved.generation,
+            status,
+            detail["duration_ms"],
+        )
     return status
 
 
-def _safe_to_take_over(tool: Tool) -> bool:
-    return tool.effect.idempotent or tool.downstream.idempotency_keys or tool.downstream.fencing
+@dataclass(frozen=True)
+class _Outcome:
+    """A terminal status and its payload (the safe result, or the error)."""
+
+    status: str
+    payload: dict[str, Any]
+
+
+def _reconciliation(message: str) -> _Outcome:
+    return _failed(ErrorCode.RECONCILIATION_PENDING, message)
+
+
+def _failed(code: ErrorCode, message: str) -> _Outcome:
+    """A terminal failure whose one detail says, safely, what happened."""
+    return _Outcome("failed_terminal", results.safe_error(code.value, [{"message": message}]))
+
+
+def _complete(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> str:
+    """Commit ``outcome`` under ``lease``. A result Postgres cannot store still ends the
+    call: with ``execution_failed`` for a read, ``reconciliation_pending`` for a write (it
+    applied; its result is lost)."""
+    try:
+        finished = reservations.complete(
+            d.rt.engine, lease, status=outcome.status, payload=outcome.payload, detail=d.audit
+        )
+    except UnstorableValue as exc:
+        log.warning("call %s: %s", d.call.call_id, exc.message)
+        if d.call.kind == "write" and outcome.status == "succeeded":
+            fallback = _reconciliation("the write applied but its result cannot be stored")
+        else:
+            fallback = _failed(ErrorCode.EXECUTION_FAILED, "the result cannot be stored")
+        finished = reservations.complete(
+            d.rt.engine,
+            lease,
+            status=fallback.status,
+            payload=fallback.payload,
+            detail={"unstorable": True},
+        )
+        outcome = fallback
+    if not finished.won:
+        d.trace("stale_completion_rejected", generation=lease.generation, status=outcome.status)
+        return "stale_completion"
+    _finish(d.rt, finished)
+    code = outcome.payload.get("code")
+    return "reconciliation_pending" if code == ErrorCode.RECONCILIATION_PENDING else outcome.status
+
+
+def _safe_to_repeat(tool: Tool) -> bool:
+    """May this tool run again after an attempt that may have applied? A read, a write whose
+    effect is idempotent, or one whose downstream replays an idempotency key. Fencing is not
+    enough (see ``_run``)."""
+    return tool.kind == "read" or tool.effect.idempotent or tool.downstream.idempotency_keys
 
 
 def _refuse(d: _Delivery, intent: str, err: ToolError, canonical: Mapping[str, Any]) -> str:
@@ -329,6 +391,8 @@ def _lost(d: _Delivery, lost: reservations.NotReserved, intent: str) -> str:
         return _reuse(d, intent)
     if lost.reason == "conflict":
         d.verdicts["idempotency"] = ErrorCode.IDEMPOTENCY_CONFLICT.value
+        if lost.call_state == "started":
+            return _conclude_conflict(d, lost)
         conflict = ToolError(
             "this operation id was registered with a different intent",
             code=ErrorCode.IDEMPOTENCY_CONFLICT,
@@ -338,6 +402,42 @@ def _lost(d: _Delivery, lost: reservations.NotReserved, intent: str) -> str:
     # operation; ended: another delivery already finished this call.
     d.trace("duplicate_delivery", reason=lost.reason, generation=lost.generation)
     return "duplicate_delivery"
+
+
+def _conclude_conflict(d: _Delivery, lost: reservations.NotReserved) -> str:
+    """This call was started under an intent that no longer computes the same (a tool or
+    schema version, or an allowlist, changed during a crash gap). It can neither be reused
+    nor run again: once its owner's lease has expired, its operation ends, with
+    ``reconciliation_pending`` for a write (it may have applied) and ``idempotency_conflict``
+    for a read."""
+    if lost.op_state == "in_progress" and not lost.lease_expired:
+        d.trace("duplicate_delivery", reason="owner_alive", generation=lost.generation)
+        return "duplicate_delivery"  # the owner's completion ends it, or its lease expires
+    if d.call.kind == "write":
+        error = _reconciliation("the tool changed while this write was in flight").payload
+    else:
+        error = _failed(
+            ErrorCode.IDEMPOTENCY_CONFLICT, "the tool changed while this call was in flight"
+        ).payload
+    with db.autocommit(d.rt.engine) as conn:
+        if lost.op_state == "in_progress":
+            finished = reservations.conclude(
+                conn,
+                operation_id=d.call.operation_id,
+                generation=lost.generation,
+                error=error,
+                event="intent_changed",
+                detail=d.audit,
+            )
+        else:
+            finished = reservations.abandon(
+                conn, call_ref=d.call.ref, error=error, event="intent_changed", detail=d.audit
+            )
+    if not finished.finished:
+        d.trace("duplicate_delivery", reason="conclude_lost", generation=lost.generation)
+        return "duplicate_delivery"
+    _finish(d.rt, finished)
+    return "concluded"
 
 
 def _reject(d: _Delivery, err: ToolError) -> str:
@@ -362,7 +462,8 @@ def _reuse(d: _Delivery, intent: str) -> str:
 def _run_handler(
     tool: Tool, args: Arguments, ctx: ExecutionContext, heartbeat: Heartbeat
 ) -> dict[str, Any]:
-    """Retry retryable failures with the same key and fence, while the lease holds."""
+    """Retry retryable failures with the same key and fence, while the lease holds, and
+    only where a repeat cannot apply the write twice."""
     retrying = Retrying(
         stop=stop_after_attempt(HANDLER_ATTEMPTS),
         wait=wait_exponential(multiplier=0.1, max=2),
@@ -371,7 +472,9 @@ def _run_handler(
                 isinstance(e, ToolError)
                 and not isinstance(e, StaleFence)
                 and e.retryable
-                and not heartbeat.lost.is_set()
+                # a write that may have applied is sent again only where that is safe
+                and (_safe_to_repeat(tool) or e.applied is False)
+                and not heartbeat.expired()
             )
         ),
         reraise=True,
@@ -380,11 +483,17 @@ def _run_handler(
 
 
 def _finish(rt: Runtime, finished: reservations.Finished) -> None:
-    """Dispatch the next write of each finished turn. If this is lost, the sweeper does it."""
+    """Dispatch the calls a finish unblocked. They are marked dispatched in Postgres: if
+    Redis is down, the sweeper dispatches them once it is back."""
     if finished.successors:
-        transport.enqueue_calls(
-            rt.queue, finished.successors, timeout=rt.settings.job_timeout_seconds
-        )
+        try:
+            transport.enqueue_calls(
+                rt.queue, finished.successors, timeout=rt.settings.job_timeout_seconds
+            )
+        except ServiceUnavailable as exc:
+            log.warning(
+                "dispatch of %d call(s) left to the sweeper: %s", len(finished.successors), exc
+            )
 
 
 def _plain(args: Arguments) -> dict[str, Any]:
@@ -401,7 +510,3 @@ def _error(err: CallgateError) -> dict[str, Any]:
 
 def _refusal(err: CallgateError, d: _Delivery) -> dict[str, Any]:
     return {"status": _status(err), "error": _error(err), "detail": d.audit}
-
-
-def _failure(err: CallgateError, d: _Delivery) -> dict[str, Any]:
-    return {"status": _status(err), "payload": _error(err), "detail": d.audit}

@@ -1,9 +1,10 @@
-"""Renews the lease while a handler runs; notices when the lease was lost."""
+"""Renews the lease while a handler runs; tells the handler when the lease is gone."""
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 
 from sqlalchemy import Engine
 
@@ -15,15 +16,31 @@ log = logging.getLogger("callgate.worker")
 class Heartbeat:
     """Renews every ``lease_seconds / 3`` on its own connection until stopped.
 
-    A failed renewal means another worker took over (or will): ``lost`` is set and the
-    handler's downstream write and the completion are left to the fence to reject.
+    ``expired()`` is true once the lease can no longer be counted on: a renewal found that
+    another worker took the operation over, or the last lease this worker knows it got has
+    run out (renewals failed, or the handler held the GIL so long that the renewal thread
+    could not run). A handler that did long work asks before it writes
+    (``ExecutionContext.ensure_lease``); the downstream's fence and the completion's guard
+    refuse a stale owner either way.
     """
 
-    def __init__(self, engine: Engine, lease: reservations.Lease, lease_seconds: float) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        lease: reservations.Lease,
+        lease_seconds: float,
+        *,
+        reserved_at: float | None = None,
+    ) -> None:
         self.engine = engine
         self.lease = lease
         self.lease_seconds = lease_seconds
         self.lost = threading.Event()
+        self.renewals = 0
+        # Measured before the statement that granted the lease was sent: the lease runs
+        # from a moment no earlier than this, so this estimate never outlives it.
+        start = time.monotonic() if reserved_at is None else reserved_at
+        self._valid_until = start + lease_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
 
@@ -35,9 +52,13 @@ class Heartbeat:
         self._stop.set()
         self._thread.join()
 
+    def expired(self) -> bool:
+        return self.lost.is_set() or time.monotonic() >= self._valid_until
+
     def _run(self) -> None:
         interval = self.lease_seconds / 3
         while not self._stop.wait(interval):
+            sent = time.monotonic()
             try:
                 with db.autocommit(self.engine) as conn:
                     if not reservations.renew(conn, self.lease, self.lease_seconds):
@@ -45,3 +66,6 @@ class Heartbeat:
                         return
             except Exception as exc:  # keep trying until the lease runs out
                 log.warning("lease renewal failed: %s", exc)
+                continue
+            self._valid_until = sent + self.lease_seconds
+            self.renewals += 1

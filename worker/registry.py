@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from store.errors import ConfigurationError, ErrorCode, ToolError
+from store.errors import ConfigurationError, ErrorCode, StaleFence, ToolError
 
 Kind = Literal["read", "write"]
 Arguments = BaseModel | dict[str, Any]  # a validated model, or a dict checked by JSON Schema
@@ -56,6 +56,16 @@ class ExecutionContext:
     fencing_token: int
     request_id: str
     canonical: Mapping[str, Any] = field(default_factory=dict)
+    # True once this worker can no longer count on its lease (see ``ensure_lease``).
+    lease_lost: Callable[[], bool] = field(default=lambda: False)
+
+    def ensure_lease(self) -> None:
+        """Raise ``StaleFence`` if another worker may have taken this operation over.
+
+        Call it before a downstream write that follows long work, above all CPU-bound work
+        that holds the GIL (the lease renewal thread cannot run meanwhile)."""
+        if self.lease_lost():
+            raise StaleFence("this worker's lease on the operation has run out")
 
 
 Handler = Callable[[Any, ExecutionContext], dict[str, Any]]

@@ -9,6 +9,7 @@ and the turn's server-trusted context, never from a result.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -92,15 +93,28 @@ def safe_result(tool: Tool, data: Mapping[str, Any]) -> tuple[dict[str, Any], li
     }, sorted(set(notes))
 
 
+# Characters PostgreSQL cannot store in text or jsonb (NUL) and lone surrogates (not UTF-8):
+# a result holding one could never be committed.
+_UNSTORABLE = re.compile(r"[\x00\ud800-\udfff]")
+
+
+def storable(text: str, notes: list[str] | None = None) -> str:
+    """``text`` with every character PostgreSQL cannot store replaced by U+FFFD."""
+    cleaned, n = _UNSTORABLE.subn("\ufffd", text)
+    if n and notes is not None:
+        notes.append("unstorable_characters_replaced")
+    return cleaned
+
+
 def sanitise(value: Any, limits: ResultLimits, notes: list[str], depth: int = 0) -> Any:
-    """Redact and cap any JSON value."""
+    """Redact and cap any JSON value; make it storable (no NUL, no NaN)."""
     if depth > limits.max_depth:
         notes.append("depth_capped")
         return "[truncated]"
     if isinstance(value, Mapping):
         out: dict[str, Any] = {}
         for key, item in list(value.items())[: limits.max_items]:
-            name = str(key)
+            name = storable(str(key), notes)
             if _SECRET_KEY.search(name):
                 notes.append("secret_redacted")
                 out[name] = REDACTED
@@ -115,13 +129,16 @@ def sanitise(value: Any, limits: ResultLimits, notes: list[str], depth: int = 0)
         return [sanitise(v, limits, notes, depth + 1) for v in value[: limits.max_items]]
     if isinstance(value, str):
         return redact_text(value, limits.max_string, notes)
+    if isinstance(value, float) and not math.isfinite(value):
+        notes.append("non_finite_number_dropped")  # JSON has no NaN or Infinity
+        return None
     return value
 
 
 def redact_text(text: str, max_length: int, notes: list[str] | None = None) -> str:
     """Secrets and stack traces out, then the length capped."""
     notes = notes if notes is not None else []
-    cleaned = text
+    cleaned = storable(text, notes)
     for pattern, replacement in _INLINE_SECRETS:
         cleaned, n = pattern.subn(replacement, cleaned)
         if n:

@@ -81,7 +81,8 @@ def test_the_sweeper_resumes_a_call_parked_on_a_request_decided_meanwhile(
             {"a": settled.approval_id},
         )
     queue = transport.job_queue(redis.Redis.from_url(redis_url), queue_name)
-    assert sweeper.sweep_once(engine, queue, stale_seconds=3600, job_timeout=60) == [p.ref]
+    swept = sweeper.sweep_once(engine, queue, stale_seconds=3600, job_timeout=60, max_dispatches=10)
+    assert swept.dispatched == [p.ref]
     assert (
         _count(
             engine,
@@ -92,7 +93,8 @@ def test_the_sweeper_resumes_a_call_parked_on_a_request_decided_meanwhile(
     )
     assert queue.count == 1
     # Only once: the call is no longer parked.
-    assert sweeper.sweep_once(engine, queue, stale_seconds=3600, job_timeout=60) == []
+    again = sweeper.sweep_once(engine, queue, stale_seconds=3600, job_timeout=60, max_dispatches=10)
+    assert again.dispatched == [] and again.ended == []
     queue.empty()
 
 

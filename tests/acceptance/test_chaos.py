@@ -1,0 +1,176 @@
+"""A chaos run with real processes: workers SIGKILLed, Redis flushed twice, Postgres backends
+terminated, while turns of reads and writes are in flight. Afterwards every call has
+exactly one terminal result, and no operation took effect downstream twice."""
+
+from __future__ import annotations
+
+import os
+import random
+import signal
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import Engine, text
+
+from ops.stack import Stack, wait_for_workers
+from producer import Producer
+from store import db, transport
+from store.settings import Settings
+from tests.acceptance import legacy_tools
+from tests.acceptance.conftest import SUPPORT_A, wait_until
+from tests.acceptance.processes import PrivateRedis, private_redis, terminate_backends
+
+__all__ = ["private_redis"]  # the fixture, re-exported for pytest
+
+WORKERS = 3
+TURNS = 24
+
+
+def _turn(i: int) -> list[dict[str, object]]:
+    """A read, and one write of a kind chosen by ``i``: keyed, unkeyed or a refund."""
+    write: dict[str, object]
+    if i % 3 == 0:
+        write = {"tool_name": "send_email", "arguments": {"to": f"u{i}@x.test", "template": "hi"}}
+    elif i % 3 == 1:
+        write = {"tool_name": "charge_legacy", "arguments": {"amount": i + 1}}
+    else:
+        write = {
+            "tool_name": "refund_payment",
+            "arguments": {"order_id": "O-17", "amount": 100, "currency": "KRW"},
+        }
+    return [
+        {"call_id": f"read-{i}", "tool_name": "get_stock", "arguments": {"symbol": "NVDA"}},
+        {"call_id": f"write-{i}", **write},
+    ]
+
+
+@pytest.fixture
+def env(database_url: str, private_redis: PrivateRedis, queue_name: str) -> dict[str, str]:
+    return {
+        "CALLGATE_DATABASE_URL": database_url,
+        "CALLGATE_REDIS_URL": private_redis.url,
+        "CALLGATE_QUEUE": queue_name,
+        "CALLGATE_TOOLS": "tests.acceptance.legacy_tools:registry",
+        "CALLGATE_LEASE_SECONDS": "1",
+        "CALLGATE_SWEEP_SECONDS": "0.2",
+        "CALLGATE_STALE_SECONDS": "1",
+        "CALLGATE_DEMO_DELAY_MS": (
+            "refund_payment=0:150,send_email=0:150,charge_legacy=0:150,get_stock=50"
+        ),
+    }
+
+
+@pytest.fixture
+def producer(env: dict[str, str]) -> Iterator[Producer]:
+    settings = Settings.from_env(env)
+    p = Producer(
+        settings=settings,
+        engine=db.create(settings.require_database()),
+        redis_connection=transport.connect(settings.require_redis()),
+        registry=legacy_tools.registry(),
+    )
+    yield p
+    p.close()
+
+
+def test_chaos_leaves_every_call_terminal_and_every_write_applied_at_most_once(
+    env: dict[str, str],
+    producer: Producer,
+    engine: Engine,
+    private_redis: PrivateRedis,
+    fresh_payments: None,
+) -> None:
+    rng = random.Random(int(os.environ.get("CALLGATE_CHAOS_SEED", "8")))
+    stack = Stack(env=env, workers=WORKERS)
+    stack.__enter__()
+    try:
+        wait_for_workers(private_redis.url, env["CALLGATE_QUEUE"], WORKERS)
+        turns = []
+        # Faults interleaved with submissions: each one lands while calls are in flight.
+        faults = ["flush", "kill", "terminate", "kill", "flush", "terminate", "kill"]
+        for i in range(TURNS):
+            turns.append(producer.submit(_turn(i), {**SUPPORT_A, "request_id": f"chaos-{i}"}))
+            if i % 3 == 2 and faults:
+                _inject(faults.pop(0), stack, engine, private_redis, rng)
+                time.sleep(rng.uniform(0.1, 0.4))
+        while faults:
+            _inject(faults.pop(0), stack, engine, private_redis, rng)
+        for name in [n for n in stack.procs if n.startswith("worker")]:
+            if stack.procs[name].poll() is not None:
+                stack.start_worker(f"{name}-again-{uuid.uuid4().hex[:6]}")
+
+        def all_terminal() -> bool:
+            with engine.connect() as conn:
+                open_calls = conn.execute(
+                    text(
+                        "SELECT count(*) FROM callgate.calls"
+                        " WHERE state NOT IN ('succeeded', 'failed_retryable', 'failed_terminal')"
+                    )
+                ).scalar()
+            return open_calls == 0
+
+        wait_until(all_terminal, timeout=90, what="every call to end")
+        for turn in turns:
+            collected = producer.collect(turn.turn_id, timeout=30)
+            assert collected.complete, collected.pending
+    finally:
+        stack.stop()
+
+    with engine.connect() as conn:
+        per_call = conn.execute(
+            text(
+                "SELECT c.id, count(o.id) AS n FROM callgate.calls c"
+                " LEFT JOIN callgate.outbox o ON o.call_ref = c.id GROUP BY c.id"
+            )
+        ).all()
+        twice = conn.execute(
+            text(
+                "SELECT idempotency_key, resource_id, count(*) FROM downstream.side_effects"
+                " GROUP BY idempotency_key, resource_id HAVING count(*) > 1"
+            )
+        ).all()
+        outcomes = dict(
+            conn.execute(
+                text(
+                    "SELECT c.tool_name || ':' || coalesce(c.result #>> '{error,code}', c.state),"
+                    " count(*) FROM callgate.calls c GROUP BY 1"
+                )
+            ).all()
+        )
+        succeeded_without_effect = conn.execute(
+            text(
+                "SELECT c.call_id FROM callgate.calls c"
+                " JOIN callgate.operations o USING (operation_id)"
+                " WHERE c.kind = 'write' AND c.state = 'succeeded' AND NOT EXISTS"
+                " (SELECT 1 FROM downstream.side_effects s"
+                "   WHERE s.idempotency_key = o.idempotency_key)"
+            )
+        ).all()
+        refunded = conn.execute(
+            text("SELECT refunded FROM downstream.payments WHERE order_id = 'O-17'")
+        ).scalar()
+    print("chaos outcomes:", outcomes)
+    assert len(per_call) == 2 * TURNS
+    assert all(row.n == 1 for row in per_call), "exactly one terminal result per call"
+    assert twice == [], "an operation took effect downstream twice"
+    assert succeeded_without_effect == []
+    # Every refund that succeeded moved the balance once, and only those did.
+    assert refunded == 100 * outcomes.get("refund_payment:succeeded", 0)
+
+
+def _inject(
+    fault: str, stack: Stack, engine: Engine, redis_server: PrivateRedis, rng: random.Random
+) -> None:
+    if fault == "flush":
+        redis_server.flush()  # every queued job and result stream is gone
+    elif fault == "kill":
+        alive = [n for n, p in stack.procs.items() if n.startswith("worker") and p.poll() is None]
+        victim = rng.choice(alive)
+        stack.signal(victim, signal.SIGKILL)
+        stack.procs[victim].wait()
+        stack.start_worker(f"{victim}-r{uuid.uuid4().hex[:6]}")
+    elif fault == "terminate":
+        for app in ("callgate-worker", "callgate-relayer", "callgate-sweeper"):
+            terminate_backends(engine, app)
