@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import random
 import signal
-import time
 import uuid
 from collections.abc import Iterator
 
@@ -57,7 +56,7 @@ def env(database_url: str, private_redis: PrivateRedis, queue_name: str) -> dict
         "CALLGATE_SWEEP_SECONDS": "0.2",
         "CALLGATE_STALE_SECONDS": "1",
         "CALLGATE_DEMO_DELAY_MS": (
-            "refund_payment=0:150,send_email=0:150,charge_legacy=0:150,get_stock=50"
+            "refund_payment=0:400,send_email=0:400,charge_legacy=0:400,get_stock=50"
         ),
     }
 
@@ -88,18 +87,16 @@ def test_chaos_leaves_every_call_terminal_and_every_write_applied_at_most_once(
     try:
         wait_for_workers(private_redis.url, env["CALLGATE_QUEUE"], WORKERS)
         turns = []
-        # Faults interleaved with submissions: each one lands while calls are in flight.
-        faults = ["flush", "kill", "terminate", "kill", "flush", "terminate", "kill"]
+        # Faults interleaved with submissions, each landing while calls are in flight:
+        # every worker killed inside a write's crash gap, then the job the sweeper re-issued
+        # flushed from Redis before anyone could take it; Postgres backends terminated.
+        faults = ["gap_then_flush", "terminate", "kill", "gap_then_flush", "terminate"]
         for i in range(TURNS):
             turns.append(producer.submit(_turn(i), {**SUPPORT_A, "request_id": f"chaos-{i}"}))
-            if i % 3 == 2 and faults:
+            if i % 4 == 3 and faults:
                 _inject(faults.pop(0), stack, engine, private_redis, rng)
-                time.sleep(rng.uniform(0.1, 0.4))
         while faults:
             _inject(faults.pop(0), stack, engine, private_redis, rng)
-        for name in [n for n in stack.procs if n.startswith("worker")]:
-            if stack.procs[name].poll() is not None:
-                stack.start_worker(f"{name}-again-{uuid.uuid4().hex[:6]}")
 
         def all_terminal() -> bool:
             with engine.connect() as conn:
@@ -163,14 +160,51 @@ def test_chaos_leaves_every_call_terminal_and_every_write_applied_at_most_once(
 def _inject(
     fault: str, stack: Stack, engine: Engine, redis_server: PrivateRedis, rng: random.Random
 ) -> None:
-    if fault == "flush":
-        redis_server.flush()  # every queued job and result stream is gone
+    if fault == "gap_then_flush":
+        in_gap = wait_until(lambda: _crash_gap(engine), timeout=10, what="a write in its gap")
+        workers = _workers(stack)
+        for name in workers:
+            stack.signal(name, signal.SIGKILL)
+        for name in workers:
+            stack.procs[name].wait()
+        ref, dispatches = in_gap[0]
+        wait_until(lambda: _dispatches(engine, ref) > dispatches, what="the sweeper to re-dispatch")
+        redis_server.flush()  # the re-dispatched job is lost too
+        for name in workers:
+            stack.start_worker(f"{name}-r{uuid.uuid4().hex[:6]}")
     elif fault == "kill":
-        alive = [n for n, p in stack.procs.items() if n.startswith("worker") and p.poll() is None]
-        victim = rng.choice(alive)
+        victim = rng.choice(_workers(stack))
         stack.signal(victim, signal.SIGKILL)
         stack.procs[victim].wait()
         stack.start_worker(f"{victim}-r{uuid.uuid4().hex[:6]}")
     elif fault == "terminate":
         for app in ("callgate-worker", "callgate-relayer", "callgate-sweeper"):
             terminate_backends(engine, app)
+
+
+def _workers(stack: Stack) -> list[str]:
+    return [n for n, p in stack.procs.items() if n.startswith("worker") and p.poll() is None]
+
+
+def _crash_gap(engine: Engine) -> list[tuple[object, int]]:
+    """Writes whose downstream effect landed while their call is still open."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT c.id, c.dispatches FROM callgate.calls c"
+                " JOIN callgate.operations o USING (operation_id)"
+                " WHERE c.kind = 'write' AND c.state = 'started' AND EXISTS"
+                " (SELECT 1 FROM downstream.side_effects s"
+                "   WHERE s.idempotency_key = o.idempotency_key)"
+            )
+        ).all()
+    return [(r.id, r.dispatches) for r in rows]
+
+
+def _dispatches(engine: Engine, ref: object) -> int:
+    with engine.connect() as conn:
+        return int(
+            conn.execute(
+                text("SELECT dispatches FROM callgate.calls WHERE id = :r"), {"r": ref}
+            ).scalar()
+        )

@@ -331,3 +331,41 @@ def test_heartbeat_keeps_the_lease_of_a_handler_running_many_leases_long(
     assert trace_events(engine, ref, "takeover") == []
     assert len(trace_events(engine, ref, "reserved")) == 1
     assert requests_for(engine, _key(engine, op)) == 1
+
+
+# --- hole 12, across turns: a call waiting on a busy operation id is not handed its result -
+
+
+def test_a_waiting_call_on_a_busy_operation_id_with_other_arguments_gets_a_conflict(
+    start, make_producer, engine, fresh_payments
+):
+    start(workers=2, CALLGATE_DEMO_DELAY_MS="refund_payment=0:1500,send_email=0:3000")
+    producer = make_producer()
+    one_krw = {"order_id": "O-17", "amount": 1, "currency": "KRW"}
+    first, ref, op = _submit(producer, "refund_payment", one_krw)
+    wait_until(lambda: trace_events(engine, ref, "reserved"), what="the first refund to start")
+    # A later turn reuses the operation id for a 2 KRW refund, queued behind a slow e-mail:
+    # it is still waiting when the 1 KRW refund completes.
+    later = producer.submit(
+        [
+            {
+                "call_id": "mail",
+                "tool_name": "send_email",
+                "arguments": {"to": "a@b.c", "template": "t"},
+            },
+            {
+                "call_id": "two",
+                "tool_name": "refund_payment",
+                "arguments": {**one_krw, "amount": 2},
+            },
+        ],
+        SUPPORT_A,
+        operation_ids={"two": op},
+    )
+    assert _only_result(producer, first).status == "succeeded"
+    collected = producer.collect(later.turn_id, timeout=20)
+    assert collected.complete
+    two = {r.call_id: r for r in collected.results}["two"]
+    assert (two.status, _code(two)) == ("failed_terminal", "idempotency_conflict")
+    assert effects_for(engine, _key(engine, op)) == 1
+    assert scalar(engine, "SELECT refunded FROM downstream.payments WHERE order_id = 'O-17'") == 1
