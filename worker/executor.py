@@ -253,12 +253,6 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
         return _lost(d, reserved, intent)
 
     lease = reservations.Lease(call.operation_id, owner, reserved.generation, intent)
-    if reserved.takeover and not _safe_to_repeat(tool):
-        # The previous owner died or stalled after it started: its write may have applied,
-        # and nothing here can tell. Fencing does not help: it refuses a stale owner's late
-        # write, not a second write after the first one landed. A person reconciles it.
-        return _complete(d, lease, _reconciliation("the previous attempt may have applied"))
-
     started = time.monotonic()
     detail = dict(d.audit)
     with Heartbeat(rt.engine, lease, rt.settings.lease_seconds, reserved_at=sent) as heartbeat:
@@ -272,33 +266,18 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
             canonical=facts.canonical,
             lease_lost=heartbeat.expired,
         )
-        try:
-            raw = _run_handler(tool, args, ctx, heartbeat)
-            payload, notes = results.safe_result(tool, raw)
-            outcome = _Outcome("succeeded", payload)
-            if notes:
-                detail["result_notes"] = notes
-            if tool.audit_field and isinstance(raw.get(tool.audit_field), list):
-                detail["resources"] = [str(r) for r in raw[tool.audit_field]]
-        except StaleFence as err:
-            d.trace("stale_fence_rejected", generation=reserved.generation, message=err.message)
-            return "stale_fence"
-        except ToolError as err:
-            if err.retryable and err.applied is not False and not _safe_to_repeat(tool):
-                # "Try again later" from a write that may have applied (a timeout after the
-                # request left) and that nothing downstream deduplicates: not a retry.
-                outcome = _reconciliation("the write may have applied before it failed")
-            else:
-                outcome = _Outcome(_status(err), _error(err))
-        except Exception:  # a handler bug, a job timeout: never leak its text to the model
-            log.exception("handler %s failed", tool.name)
-            if tool.kind == "write":
-                # The write's outcome is unknown, which is not a failure: it may have applied.
-                outcome = _reconciliation("the write's outcome is unknown")
-            else:
-                outcome = _Outcome(
-                    "failed_terminal", {"code": ErrorCode.EXECUTION_FAILED.value, "details": []}
-                )
+        outcome: _Outcome | None = None
+        if reserved.takeover and not _safe_to_repeat(tool):
+            # The previous owner died or stalled after it started: its write may have
+            # applied. Fencing cannot tell (it refuses a stale owner's late write, not a
+            # second write after the first one landed); only the tool's status lookup can.
+            outcome = _settle(d, tool, args, ctx, detail, "the previous attempt may have applied")
+        if outcome is None:
+            try:
+                outcome = _handle(d, tool, args, ctx, heartbeat, detail)
+            except StaleFence as err:
+                d.trace("stale_fence_rejected", generation=reserved.generation, message=err.message)
+                return "stale_fence"
     detail["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
     d.audit = detail
     status = _complete(d, lease, outcome)
@@ -312,6 +291,68 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
             detail["duration_ms"],
         )
     return status
+
+
+def _handle(
+    d: _Delivery,
+    tool: Tool,
+    args: Arguments,
+    ctx: ExecutionContext,
+    heartbeat: Heartbeat,
+    detail: dict[str, Any],
+) -> _Outcome:
+    """Run the handler and classify what happened. ``StaleFence`` propagates."""
+    try:
+        raw = _run_handler(tool, args, ctx, heartbeat)
+    except StaleFence:
+        raise
+    except ToolError as err:
+        if err.retryable and err.applied is not False and not _safe_to_repeat(tool):
+            # "Try again later" from a write that may have applied (a timeout after the
+            # request left) and that nothing downstream deduplicates: not a retry.
+            settled = _settle(d, tool, args, ctx, detail, "the write may have applied")
+            return settled or _Outcome(_status(err), _error(err))
+        return _Outcome(_status(err), _error(err))
+    except Exception:  # a handler bug, a job timeout: never leak its text to the model
+        log.exception("handler %s failed", tool.name)
+        failed = _failed(ErrorCode.EXECUTION_FAILED, "the tool failed")
+        if tool.kind == "read":
+            return failed
+        # The write's outcome is unknown, which is not a failure: it may have applied.
+        return _settle(d, tool, args, ctx, detail, "the write's outcome is unknown") or failed
+    return _succeeded(tool, raw, detail)
+
+
+def _succeeded(tool: Tool, raw: Mapping[str, Any], detail: dict[str, Any]) -> _Outcome:
+    payload, notes = results.safe_result(tool, raw)
+    if notes:
+        detail["result_notes"] = notes
+    if tool.audit_field and isinstance(raw.get(tool.audit_field), list):
+        detail["resources"] = [str(r) for r in raw[tool.audit_field]]
+    return _Outcome("succeeded", payload)
+
+
+def _settle(
+    d: _Delivery,
+    tool: Tool,
+    args: Arguments,
+    ctx: ExecutionContext,
+    detail: dict[str, Any],
+    why: str,
+) -> _Outcome | None:
+    """Settle a write that may have applied with the tool's status lookup: its result if it
+    applied, ``None`` if it did not (running it, or reporting the failure, is then safe).
+    Without a lookup, or if the lookup cannot tell, a person reconciles it."""
+    if tool.lookup is None:
+        return _reconciliation(why)
+    try:
+        found = tool.lookup(args, ctx)
+    except Exception:
+        log.exception("status lookup of %s failed", tool.name)
+        d.verdicts["lookup"] = "unknown"
+        return _reconciliation(f"{why}, and the status lookup could not tell")
+    d.verdicts["lookup"] = "applied" if found is not None else "not_applied"
+    return None if found is None else _succeeded(tool, found, detail)
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,9 @@ Resolver = Callable[[Any, Principal], Facts]
 BusinessRule = Callable[[Any, Facts, Principal], None]
 Authorizer = Callable[[Any, Facts, Principal], None]
 RiskPolicy = Callable[[Any, Facts, Principal], "dict[str, Any] | None"]
+# The downstream's status lookup for one write, by its idempotency key: the result the write
+# produced if it applied, None if it did not; raises if it cannot tell.
+StatusLookup = Callable[[Any, ExecutionContext], "dict[str, Any] | None"]
 
 
 @dataclass(frozen=True)
@@ -114,7 +117,12 @@ class Tool:
     tools discovered at run time (MCP). ``result`` is a pydantic model naming the fields a
     model may see (unknown fields are dropped); without it the result passes as returned,
     still redacted and capped. ``audit_field`` names the result field listing the resource
-    ids the call changed; the trace links each of them to the call.
+    ids the call changed; the trace links each of them to the call. ``lookup`` settles a
+    write that may have applied (its worker died in the crash gap, it timed out after the
+    request left): given the arguments and the context (its idempotency key), it returns the
+    write's result if it applied, ``None`` if it did not, and raises if it cannot tell.
+    Without one, such a write whose downstream takes no idempotency key ends
+    ``reconciliation_pending``.
     """
 
     name: str
@@ -130,6 +138,7 @@ class Tool:
     limits: ResultLimits = ResultLimits()
     audit_field: str | None = None
     resolve: Resolver | None = None
+    lookup: StatusLookup | None = None
     validate: BusinessRule | None = None
     authorize: Authorizer | None = None
     risk: RiskPolicy | None = None

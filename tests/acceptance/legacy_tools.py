@@ -6,6 +6,8 @@
   out for real (a statement timeout on the downstream's reply), as a client timeout would.
 - ``charge_fenced``: the same, but its downstream rejects a smaller fencing token than one it
   has seen for the key. Fencing alone cannot tell that an older generation already applied.
+- ``charge_lookup``: like ``charge_legacy``, but its gateway can be asked by key whether a
+  charge went through: a status lookup that settles a crash gap.
 - ``echo_text``: a read whose downstream answers with a NUL character (Postgres text cannot
   hold it).
 - ``crash_worker``: a read whose handler SIGKILLs its own worker process, every time (a
@@ -103,6 +105,23 @@ def registry() -> Registry:
         svc.pause("charge_fenced", 1)
         return {"charged": args.amount}
 
+    def charge_lookup(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
+        svc.pause("charge_lookup", 0)
+        record("lookup", ctx, fenced=False)
+        svc.pause("charge_lookup", 1)
+        return {"charged": args.amount}
+
+    def find_charge(args: Any, ctx: ExecutionContext) -> dict[str, Any] | None:
+        with svc.engine.connect() as conn:
+            found = conn.execute(
+                text(
+                    "SELECT count(*) FROM downstream.side_effects"
+                    " WHERE service = 'lookup' AND idempotency_key = :k"
+                ),
+                {"k": ctx.idempotency_key},
+            ).scalar()
+        return {"charged": args.amount, "found_by_lookup": True} if found else None
+
     def echo_text(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
         return {"text": args.text + "\x00", "note": "ends in NUL"}
 
@@ -128,6 +147,16 @@ def registry() -> Registry:
             charge_fenced,
             effect=IRREVERSIBLE,
             downstream=Downstream(fencing=True),
+        ),
+        Tool(
+            "charge_lookup",
+            "Charge the card on file through a gateway that can be asked about a charge.",
+            ChargeArgs,
+            "write",
+            charge_lookup,
+            effect=IRREVERSIBLE,
+            downstream=Downstream(status_lookup=True),
+            lookup=find_charge,
         ),
         Tool(
             "echo_text",

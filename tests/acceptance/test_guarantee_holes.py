@@ -369,3 +369,31 @@ def test_a_waiting_call_on_a_busy_operation_id_with_other_arguments_gets_a_confl
     assert (two.status, _code(two)) == ("failed_terminal", "idempotency_conflict")
     assert effects_for(engine, _key(engine, op)) == 1
     assert scalar(engine, "SELECT refunded FROM downstream.payments WHERE order_id = 'O-17'") == 1
+
+
+# --- holes 7 and 8: a status lookup settles what a crash gap left unknown -----------------
+
+
+@pytest.mark.parametrize("died", ["after_write", "before_write"])
+def test_a_status_lookup_settles_a_takeover_of_an_unkeyed_write(start, make_producer, engine, died):
+    delay = "charge_lookup=0:60000" if died == "after_write" else "charge_lookup=60000:0"
+    s = start(workers=1, CALLGATE_DEMO_DELAY_MS=delay)
+    producer = make_producer()
+    turn_id, ref, op = _submit(producer, "charge_lookup", {"amount": 3})
+    key = _key(engine, op)
+    if died == "after_write":
+        wait_until(lambda: effects_for(engine, key) == 1, what="the charge to apply")
+    else:
+        wait_until(lambda: trace_events(engine, ref, "reserved"), what="the reservation")
+    s.signal("worker-1", signal.SIGKILL)
+    s.procs["worker-1"].wait()
+    _worker_without_delay(s, "worker-2")
+
+    result = _only_result(producer, turn_id)
+    assert result.status == "succeeded"
+    assert effects_for(engine, key) == 1
+    # Sent once: the lookup found the first charge, or showed there was none to repeat.
+    assert requests_for(engine, key) == 1
+    assert result.data["content"].get("found_by_lookup") is (died == "after_write") or (
+        died == "before_write" and "found_by_lookup" not in result.data["content"]
+    )
