@@ -201,13 +201,15 @@ def _delete_with_approval(producer: Producer, report: Report) -> str:
     )
     if approval_id is None:
         return turn.turn_id
-    impact = approvals.show(producer.engine, approval_id)["impact"]
+    tenant = "tenant-a"  # the approver acts for the tenant of user-17
+    impact = approvals.show(producer.engine, approval_id, tenant=tenant)["impact"]
     report.check(
         "the approval shows the server's count and account",
         (impact["count"], impact["account"]) == (50, "user-17"),
         f"{impact['count']} e-mails of {impact['account']}, recoverable={impact['recoverable']}",
     )
-    resumed = approvals.approve(producer.engine, approval_id, by="demo-approver")
+    # Four eyes: user-17 asked for it, so another person of tenant-a decides.
+    resumed = approvals.approve(producer.engine, approval_id, by="demo-approver", tenant=tenant)
     transport.enqueue_calls(producer.queue, resumed, timeout=60)
     done = producer.collect(turn.turn_id, timeout=10)
     changed = _changed_once(producer.engine, _key(producer.engine, call.operation_id))

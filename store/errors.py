@@ -58,6 +58,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_TURN = "unknown_turn"
     UNKNOWN_APPROVAL = "unknown_approval"
     APPROVAL_NOT_PENDING = "approval_not_pending"
+    # Four eyes: the person who asked for an approval cannot decide it.
+    APPROVAL_FORBIDDEN = "approval_forbidden"
     DATABASE_UNAVAILABLE = "database_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"
     EMBEDDED_SERVICE_FAILED = "embedded_service_failed"
@@ -122,7 +124,8 @@ class UnknownTurn(CallgateError):
 
 
 class ApprovalError(CallgateError):
-    """An approver acted on an approval that does not exist or is no longer pending."""
+    """An approver acted on an approval that does not exist (or is another tenant's), is no
+    longer pending, or that they asked for themselves."""
 
     code = ErrorCode.UNKNOWN_APPROVAL
 
