@@ -96,7 +96,10 @@ def _migrate(settings: Settings, *, demo_downstream: bool, reset_demo: bool) -> 
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
 @click.option("--name", default=None, help="Worker name shown by RQ.")
 def worker_cmd(burst: bool, name: str | None) -> None:
-    """Run one worker process on CALLGATE_QUEUE (start several to scale out)."""
+    """Run one worker process on CALLGATE_QUEUE (start several to scale out).
+
+    Runs the tools of the registry CALLGATE_TOOLS names (module:attribute; required).
+    """
     from worker import process
 
     with _quiet_interrupt():
@@ -161,9 +164,16 @@ def sweeper_cmd() -> None:
     help="Where embedded services keep their data (env CALLGATE_DATA_DIR).",
 )
 def up_cmd(workers: int, data_dir: Path) -> None:
-    """Run migrations, workers, relayer and sweeper in the foreground until Ctrl-C."""
-    from ops.stack import Stack
+    """Run migrations, workers, relayer and sweeper in the foreground until Ctrl-C.
 
+    Needs CALLGATE_TOOLS (e.g. worker.demo.tools:demo_registry to try the demo tools): this
+    is the stack an application uses, so it never picks tools on its own.
+    """
+    from ops.stack import Stack
+    from worker import registry
+
+    # Refuse before any service starts, rather than leave children failing one by one.
+    registry.from_settings(_settings())
     with _services(_settings(), data_dir) as settings:
         _migrate(settings, demo_downstream=True, reset_demo=False)
         env = _service_env(settings)
@@ -184,7 +194,11 @@ def up_cmd(workers: int, data_dir: Path) -> None:
     help="Keep embedded data here (default: a temporary folder).",
 )
 def demo_cmd(workers: int, data_dir: Path | None) -> None:
-    """Run the seed's worked examples end to end and check their invariants."""
+    """Run the seed's worked examples end to end and check their invariants.
+
+    Always uses the demo tools (worker.demo.tools:demo_registry), whatever CALLGATE_TOOLS
+    says.
+    """
     from ops import demo
 
     with (
@@ -212,11 +226,15 @@ def _services(settings: Settings, data_dir: Path) -> Iterator[Settings]:
 
 
 def _service_env(settings: Settings) -> dict[str, str]:
-    return {
+    env = {
         "CALLGATE_DATABASE_URL": settings.require_database(),
         "CALLGATE_REDIS_URL": settings.require_redis(),
         "CALLGATE_QUEUE": settings.queue,
+        "CALLGATE_TOOLS": settings.tools or "",
     }
+    if settings.allowlist:
+        env["CALLGATE_ALLOWLIST"] = settings.allowlist
+    return env
 
 
 # --- turns ---------------------------------------------------------------------------------
@@ -540,7 +558,8 @@ def _dispatch(settings: Settings, refs: list[uuid.UUID]) -> None:
     "parameters}).",
 )
 def tools_cmd(roles: tuple[str, ...], provider: str | None) -> None:
-    """Print the tool definitions a model acting for these roles may be shown (JSON)."""
+    """Print the tool definitions a model acting for these roles may be shown (JSON), from
+    the registry CALLGATE_TOOLS names."""
     from worker import registry
 
     definitions = registry.from_env().definitions_for(roles)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from sqlalchemy import Engine, text
@@ -24,6 +24,7 @@ from ops.stack import Stack, wait_for_workers
 from producer import Producer
 from store import approvals, trace, transport
 from store.settings import Settings
+from worker.demo.tools import DEMO_TOOLS
 
 READ_DELAYS = "get_weather=120,get_stock=280,get_news=200"
 SUPPORT_A = {
@@ -54,9 +55,13 @@ def run(settings: Settings, *, workers: int, out: TextIO) -> bool:
         "CALLGATE_REDIS_URL": settings.require_redis(),
         "CALLGATE_QUEUE": settings.queue,
         "CALLGATE_DEMO_DELAY_MS": READ_DELAYS,
+        # The demo checks the demo tools' invariants: it names their registry itself, for
+        # its workers and its producer, whatever the shell has configured.
+        "CALLGATE_TOOLS": DEMO_TOOLS,
+        "CALLGATE_ALLOWLIST": "",
     }
     report = Report(out)
-    producer = Producer.from_env(settings)
+    producer = Producer.from_env(replace(settings, tools=DEMO_TOOLS, allowlist=None))
     try:
         with Stack(env=env, workers=workers):
             wait_for_workers(settings.require_redis(), settings.queue, workers)

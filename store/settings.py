@@ -55,6 +55,10 @@ class Settings:
     job_timeout_seconds: float = 300.0
     turn_call_budget: int = 32
     conversation_call_budget: int = 256
+    # ``module:attribute`` of the tool registry and the allowlist override; loaded (and
+    # required) only by the processes that run or plan tools: workers and producers.
+    tools: str | None = None
+    allowlist: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Self:
@@ -77,6 +81,8 @@ class Settings:
             job_timeout_seconds=_float(env, "CALLGATE_JOB_TIMEOUT_SECONDS", 300.0, minimum=1),
             turn_call_budget=_int(env, "CALLGATE_TURN_CALL_BUDGET", 32, minimum=1),
             conversation_call_budget=_int(env, "CALLGATE_CONVERSATION_CALL_BUDGET", 256, minimum=1),
+            tools=env.get("CALLGATE_TOOLS") or None,
+            allowlist=env.get("CALLGATE_ALLOWLIST") or None,
         )
 
     def require_database(self) -> str:

@@ -391,6 +391,7 @@ def producer_env(producer: Producer) -> dict[str, str]:
         "CALLGATE_DATABASE_URL": s.require_database(),
         "CALLGATE_REDIS_URL": s.require_redis(),
         "CALLGATE_QUEUE": s.queue,
+        "CALLGATE_TOOLS": "worker.demo.tools:demo_registry",
     }
 
 
