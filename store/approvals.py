@@ -1,4 +1,4 @@
-"""Approval requests bound to an intent (SPEC §3 steps 6–7, §9).
+"""Approval requests bound to an intent (the gate's risk and approval layers).
 
 A call whose risk policy asks for approval is parked: no job, no reservation, no handler.
 Its request carries the server-computed impact, the operation, the intent hash and the

@@ -34,7 +34,7 @@ class Principal:
 
 @dataclass(frozen=True)
 class Facts:
-    """Server state a tool's policy reads before deciding (SPEC §3 steps 4–6).
+    """Server state a tool's policy reads before deciding (business, authorization, risk).
 
     ``canonical`` identifies the resource the call acts on (the payment behind an order, the
     exact set of e-mails behind a query); it is part of the intent hash, so if it changes
@@ -86,7 +86,7 @@ READ_ONLY = SideEffect(idempotent=True, reversible=True)
 
 @dataclass(frozen=True)
 class Downstream:
-    """What the tool's downstream offers against duplicates and stale owners (SPEC §7)."""
+    """What the tool's downstream offers against duplicates and stale owners."""
 
     idempotency_keys: bool = False
     fencing: bool = False
