@@ -1,7 +1,7 @@
 .PHONY: install lint typecheck test demo ci
 
 install:
-	python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]'
+	python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev,sdk]'
 
 lint:
 	.venv/bin/ruff check . && .venv/bin/ruff format --check .

@@ -96,7 +96,10 @@ def _migrate(settings: Settings, *, demo_downstream: bool, reset_demo: bool) -> 
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
 @click.option("--name", default=None, help="Worker name shown by RQ.")
 def worker_cmd(burst: bool, name: str | None) -> None:
-    """Run one worker process on CALLGATE_QUEUE (start several to scale out)."""
+    """Run one worker process on CALLGATE_QUEUE (start several to scale out).
+
+    Runs the tools of the registry CALLGATE_TOOLS names (module:attribute; required).
+    """
     from worker import process
 
     with _quiet_interrupt():
@@ -163,9 +166,16 @@ def sweeper_cmd() -> None:
     help="Where embedded services keep their data (env CALLGATE_DATA_DIR).",
 )
 def up_cmd(workers: int, data_dir: Path) -> None:
-    """Run migrations, workers, relayer and sweeper in the foreground until Ctrl-C."""
-    from ops.stack import Stack
+    """Run migrations, workers, relayer and sweeper in the foreground until Ctrl-C.
 
+    Needs CALLGATE_TOOLS (e.g. worker.demo.tools:demo_registry to try the demo tools): this
+    is the stack an application uses, so it never picks tools on its own.
+    """
+    from ops.stack import Stack
+    from worker import registry
+
+    # Refuse before any service starts, rather than leave children failing one by one.
+    registry.from_settings(_settings())
     with _services(_settings(), data_dir) as settings:
         _migrate(settings, demo_downstream=True, reset_demo=False)
         env = _service_env(settings)
@@ -186,7 +196,11 @@ def up_cmd(workers: int, data_dir: Path) -> None:
     help="Keep embedded data here (default: a temporary folder).",
 )
 def demo_cmd(workers: int, data_dir: Path | None) -> None:
-    """Run the seed's worked examples end to end and check their invariants."""
+    """Run the seed's worked examples end to end and check their invariants.
+
+    Always uses the demo tools (worker.demo.tools:demo_registry), whatever CALLGATE_TOOLS
+    says.
+    """
     from ops import demo
 
     with (
@@ -214,11 +228,15 @@ def _services(settings: Settings, data_dir: Path) -> Iterator[Settings]:
 
 
 def _service_env(settings: Settings) -> dict[str, str]:
-    return {
+    env = {
         "CALLGATE_DATABASE_URL": settings.require_database(),
         "CALLGATE_REDIS_URL": settings.require_redis(),
         "CALLGATE_QUEUE": settings.queue,
+        "CALLGATE_TOOLS": settings.tools or "",
     }
+    if settings.allowlist:
+        env["CALLGATE_ALLOWLIST"] = settings.allowlist
+    return env
 
 
 # --- turns ---------------------------------------------------------------------------------
@@ -387,11 +405,23 @@ def trace_cmd(turn_or_call: str, as_json: bool) -> None:
 
 @cli.group("approvals")
 def approvals_group() -> None:
-    """List, show, approve or deny approval requests (SPEC §9).
+    """List, show, approve or deny approval requests of one tenant.
 
     A request shows the impact the server computed (never the model's summary) and is bound
     to one intent: if the arguments or the canonical resource change, a new one is asked.
+    An approver acts for one tenant (--tenant) and sees only its requests; the person who
+    asked for a request can never approve or deny it (four eyes).
     """
+
+
+_TENANT = click.option(
+    "--tenant",
+    "tenant",
+    envvar="CALLGATE_APPROVER_TENANT",
+    required=True,
+    help="The tenant the approver acts for; other tenants' requests are not shown "
+    "(env CALLGATE_APPROVER_TENANT).",
+)
 
 
 @approvals_group.command("list")
@@ -401,14 +431,15 @@ def approvals_group() -> None:
     default="pending",
     show_default=True,
 )
+@_TENANT
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def approvals_list_cmd(state: str, as_json: bool) -> None:
-    """Approval requests, oldest first."""
+def approvals_list_cmd(state: str, tenant: str, as_json: bool) -> None:
+    """Approval requests of the tenant, oldest first."""
     from store import approvals
 
     engine = db.create(_settings().require_database())
     with db.translate_errors("approvals"):
-        found = approvals.requests(engine, state=None if state == "all" else state)
+        found = approvals.requests(engine, tenant=tenant, state=None if state == "all" else state)
     if as_json:
         click.echo(json.dumps(found))
         return
@@ -420,14 +451,15 @@ def approvals_list_cmd(state: str, as_json: bool) -> None:
 
 @approvals_group.command("show")
 @click.argument("approval_id")
+@_TENANT
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def approvals_show_cmd(approval_id: str, as_json: bool) -> None:
-    """One request with its full server-computed impact."""
+def approvals_show_cmd(approval_id: str, tenant: str, as_json: bool) -> None:
+    """One request of the tenant with its full server-computed impact."""
     from store import approvals
 
     engine = db.create(_settings().require_database())
     with db.translate_errors("approvals"):
-        found = approvals.show(engine, approval_id)
+        found = approvals.show(engine, approval_id, tenant=tenant)
     if as_json:
         click.echo(json.dumps(found))
         return
@@ -445,49 +477,71 @@ _BY = click.option(
     "by",
     envvar="CALLGATE_APPROVER",
     required=True,
-    help="Who decides, recorded with the decision (env CALLGATE_APPROVER).",
+    help="Who decides, recorded with the decision; never the user who asked for the "
+    "request (env CALLGATE_APPROVER).",
 )
 
 
 @approvals_group.command("approve")
 @click.argument("approval_id")
 @_BY
-def approvals_approve_cmd(approval_id: str, by: str) -> None:
-    """Grant a pending request; its calls resume through the queue."""
+@_TENANT
+def approvals_approve_cmd(approval_id: str, by: str, tenant: str) -> None:
+    """Grant a pending request; its calls resume through the queue.
+
+    The decision is committed first. If Redis cannot be reached afterwards, the command
+    still succeeds and warns: the sweeper dispatches the resumed calls once Redis is back.
+    """
     from store import approvals
 
     settings = _settings()
     engine = db.create(settings.require_database())
     with db.translate_errors("approvals"):
-        resumed = approvals.approve(engine, approval_id, by=by)
-    # If this enqueue is lost, the sweeper re-dispatches the resumed calls.
+        resumed = approvals.approve(engine, approval_id, by=by, tenant=tenant)
+    click.echo(f"approved {approval_id} by {by.strip()}; {len(resumed)} call(s) resumed")
     _dispatch(settings, resumed)
-    click.echo(f"approved {approval_id} by {by}; {len(resumed)} call(s) resumed")
 
 
 @approvals_group.command("deny")
 @click.argument("approval_id")
 @_BY
-def approvals_deny_cmd(approval_id: str, by: str) -> None:
+@_TENANT
+def approvals_deny_cmd(approval_id: str, by: str, tenant: str) -> None:
     """Refuse a pending request; its calls end with approval_denied."""
     from store import approvals
 
     settings = _settings()
     engine = db.create(settings.require_database())
     with db.translate_errors("approvals"):
-        finished = approvals.deny(engine, approval_id, by=by)
+        finished = approvals.deny(engine, approval_id, by=by, tenant=tenant)
+    click.echo(
+        f"denied {approval_id} by {by.strip()}; {finished.finished} call(s) ended approval_denied"
+    )
     _dispatch(settings, finished.successors)
-    click.echo(f"denied {approval_id} by {by}; {finished.finished} call(s) ended approval_denied")
 
 
 def _dispatch(settings: Settings, refs: list[uuid.UUID]) -> None:
-    """Enqueue calls an approver's decision made runnable (resumed, or next in their turn)."""
+    """Enqueue calls an approver's decision made runnable (resumed, or next in their turn).
+
+    Runs after the decision committed, so a Redis failure here is not the decision's: the
+    calls are marked dispatched in Postgres and the sweeper enqueues them again once they
+    have waited CALLGATE_STALE_SECONDS. Reporting it as an error would make the approver
+    believe the decision was lost, and try again on a request that is no longer pending.
+    """
     if not refs:
         return
     from store import transport
 
-    queue = transport.job_queue(transport.connect(settings.require_redis()), settings.queue)
-    transport.enqueue_calls(queue, refs, timeout=settings.job_timeout_seconds)
+    try:
+        queue = transport.job_queue(transport.connect(settings.require_redis()), settings.queue)
+        transport.enqueue_calls(queue, refs, timeout=settings.job_timeout_seconds)
+    except CallgateError as exc:  # Redis down or unset: the decision stands either way
+        click.echo(
+            f"callgate: warning: {exc.code}: the decision is recorded, but its {len(refs)} "
+            "call(s) could not be enqueued; the sweeper dispatches them when Redis is back "
+            f"(after CALLGATE_STALE_SECONDS={settings.stale_seconds:g}s). {exc.message}",
+            err=True,
+        )
 
 
 @cli.command("tools")
@@ -506,7 +560,8 @@ def _dispatch(settings: Settings, refs: list[uuid.UUID]) -> None:
     "parameters}).",
 )
 def tools_cmd(roles: tuple[str, ...], provider: str | None) -> None:
-    """Print the tool definitions a model acting for these roles may be shown (JSON)."""
+    """Print the tool definitions a model acting for these roles may be shown (JSON), from
+    the registry CALLGATE_TOOLS names."""
     from worker import registry
 
     definitions = registry.from_env().definitions_for(roles)

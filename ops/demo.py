@@ -1,6 +1,7 @@
 """``callgate demo``: the seed's worked examples, end to end, with their invariants checked.
 
-1. Three reads (120/280/200 ms) in one turn complete out of order and are joined by id.
+1. Three reads (120/280/200 ms) in one turn run at once (their intervals overlap in the
+   trace) and are joined by id whatever order they complete in.
 2. The 12,000 KRW refund of order O-17 runs once.
 3. The same refund delivered twice (a duplicate job, then a new turn with the same
    operation id) changes nothing downstream and reuses the first result.
@@ -15,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, TextIO
 
 from sqlalchemy import Engine, text
@@ -23,9 +24,12 @@ from sqlalchemy import Engine, text
 from ops.stack import Stack, wait_for_workers
 from producer import Producer
 from store import approvals, trace, transport
+from store.errors import ApprovalError, ErrorCode
 from store.settings import Settings
+from worker.demo.tools import DEMO_TOOLS
 
 READ_DELAYS = "get_weather=120,get_stock=280,get_news=200"
+READ_ATTEMPTS = 3
 SUPPORT_A = {
     "request_id": "req-8",
     "tenant_id": "tenant-a",
@@ -54,9 +58,13 @@ def run(settings: Settings, *, workers: int, out: TextIO) -> bool:
         "CALLGATE_REDIS_URL": settings.require_redis(),
         "CALLGATE_QUEUE": settings.queue,
         "CALLGATE_DEMO_DELAY_MS": READ_DELAYS,
+        # The demo checks the demo tools' invariants: it names their registry itself, for
+        # its workers and its producer, whatever the shell has configured.
+        "CALLGATE_TOOLS": DEMO_TOOLS,
+        "CALLGATE_ALLOWLIST": "",
     }
     report = Report(out)
-    producer = Producer.from_env(settings)
+    producer = Producer.from_env(replace(settings, tools=DEMO_TOOLS, allowlist=None))
     try:
         with Stack(env=env, workers=workers):
             wait_for_workers(settings.require_redis(), settings.queue, workers)
@@ -78,6 +86,10 @@ def run(settings: Settings, *, workers: int, out: TextIO) -> bool:
 
 
 def _parallel_reads(producer: Producer, report: Report) -> str:
+    """The three reads in one turn. Concurrency is read from the trace (every read was
+    executing at one moment), never from a wall-clock threshold; the elapsed time is printed
+    as a figure. A loaded machine may delay a worker's pickup, so up to three turns are
+    tried; a sequential executor would never overlap in any of them."""
     report.out.write("1. three independent reads: 120 / 280 / 200 ms\n")
     proposals = [
         {
@@ -88,24 +100,36 @@ def _parallel_reads(producer: Producer, report: Report) -> str:
         {"call_id": "call-stock", "tool_name": "get_stock", "arguments": {"symbol": "NVDA"}},
         {"call_id": "call-news", "tool_name": "get_news", "arguments": {"topic": "tech"}},
     ]
-    started = time.monotonic()
-    turn = producer.submit(proposals, SUPPORT_A)
-    collected = producer.collect(turn.turn_id, timeout=10)
-    elapsed = time.monotonic() - started
-    ids = [r.call_id for r in collected.results]
+    ids = [str(p["call_id"]) for p in proposals]
+    for attempt in range(1, READ_ATTEMPTS + 1):
+        started = time.monotonic()
+        context = {**SUPPORT_A, "request_id": f"req-8.{attempt}"}
+        turn = producer.submit(proposals, context)
+        collected = producer.collect(turn.turn_id, timeout=10)
+        elapsed = time.monotonic() - started
+        intervals = _execution_intervals(producer.engine, turn.turn_id)
+        overlap = _common_overlap_ms(intervals)
+        report.out.write(
+            f"   turn {attempt}: {elapsed * 1000:.0f} ms end to end (a figure, not a check)\n"
+        )
+        if overlap is not None and overlap > 0:
+            break
+    got = [r.call_id for r in collected.results]
     report.check(
         "every proposed call has one terminal result",
-        collected.complete and ids == [p["call_id"] for p in proposals],
-        f"{ids}",
+        collected.complete and got == ids,
+        f"{got}",
     )
-    order = _completion_order(producer.engine, turn.turn_id)
+    order = sorted(intervals, key=lambda c: intervals[c][1])
     report.check(
-        "joined by id although they finished out of order",
-        order != ids and sorted(order) == sorted(ids),
+        "joined by id, whatever order they finished in",
+        got == ids and sorted(order) == sorted(ids),
         f"finished {order}",
     )
     report.check(
-        "ran concurrently: end to end well under 600 ms", elapsed < 0.6, f"{elapsed * 1000:.0f} ms"
+        "ran concurrently: all three were executing at once (trace timestamps)",
+        overlap is not None and overlap > 0,
+        _overlap_evidence(overlap, attempt),
     )
     return turn.turn_id
 
@@ -201,13 +225,26 @@ def _delete_with_approval(producer: Producer, report: Report) -> str:
     )
     if approval_id is None:
         return turn.turn_id
-    impact = approvals.show(producer.engine, approval_id)["impact"]
+    tenant = "tenant-a"  # the approver acts for the tenant of user-17
+    impact = approvals.show(producer.engine, approval_id, tenant=tenant)["impact"]
     report.check(
         "the approval shows the server's count and account",
         (impact["count"], impact["account"]) == (50, "user-17"),
         f"{impact['count']} e-mails of {impact['account']}, recoverable={impact['recoverable']}",
     )
-    resumed = approvals.approve(producer.engine, approval_id, by="demo-approver")
+    # Four eyes: user-17 asked for it, so only another person of tenant-a may decide.
+    try:
+        approvals.approve(producer.engine, approval_id, by="user-17", tenant=tenant)
+        refused = "accepted"
+    except ApprovalError as exc:
+        refused = exc.code
+    still = approvals.show(producer.engine, approval_id, tenant=tenant)["state"]
+    report.check(
+        "four eyes: user-17 cannot approve their own request",
+        refused == ErrorCode.APPROVAL_FORBIDDEN and still == "pending",
+        f"{refused}; the request is still {still}",
+    )
+    resumed = approvals.approve(producer.engine, approval_id, by="demo-approver", tenant=tenant)
     transport.enqueue_calls(producer.queue, resumed, timeout=60)
     done = producer.collect(turn.turn_id, timeout=10)
     changed = _changed_once(producer.engine, _key(producer.engine, call.operation_id))
@@ -307,13 +344,38 @@ def _outbox_rows(engine: Engine, call_ref: str) -> int:
         )
 
 
-def _completion_order(engine: Engine, turn_id: str) -> list[str]:
+def _execution_intervals(engine: Engine, turn_id: str) -> dict[str, tuple[Any, Any]]:
+    """Per call, when a worker reserved it and when its completion committed, from the trace
+    (each is one statement's ``now()`` in Postgres): its handler ran in between."""
     with engine.connect() as conn:
         rows = conn.execute(
-            text("SELECT call_id FROM callgate.calls WHERE turn_id = :t ORDER BY completed_at"),
+            text(
+                "SELECT c.call_id,"
+                "       min(t.at) FILTER (WHERE t.event IN ('reserved', 'takeover')) AS started,"
+                "       max(t.at) FILTER (WHERE t.event = 'completed') AS ended"
+                "  FROM callgate.calls AS c JOIN callgate.trace_events AS t ON t.call_ref = c.id"
+                " WHERE c.turn_id = :t GROUP BY c.call_id"
+            ),
             {"t": turn_id},
         )
-        return [r.call_id for r in rows]
+        return {r.call_id: (r.started, r.ended) for r in rows}
+
+
+def _overlap_evidence(overlap: float | None, attempt: int) -> str:
+    if overlap is None:
+        return "reserved/completed events missing from the trace"
+    if overlap <= 0:
+        return f"never all at once in {attempt} turn(s)"
+    return f"all three executing together for {overlap:.0f} ms (turn {attempt})"
+
+
+def _common_overlap_ms(intervals: dict[str, tuple[Any, Any]]) -> float | None:
+    """How long every call was executing at once (negative: never all at once)."""
+    if not intervals or any(s is None or e is None for s, e in intervals.values()):
+        return None
+    latest_start = max(s for s, _ in intervals.values())
+    earliest_end = min(e for _, e in intervals.values())
+    return float((earliest_end - latest_start).total_seconds() * 1000)
 
 
 def _wait_for_trace(

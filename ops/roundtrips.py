@@ -25,7 +25,7 @@ from store import db, migrate, relayer
 from store.settings import Settings
 from worker import executor, runtime
 from worker.demo import downstream
-from worker.demo.tools import DemoServices, demo_registry
+from worker.demo.tools import DEMO_TOOLS, DemoServices, demo_registry
 
 COUNTS: Counter[str] = Counter()
 _phase = ["idle"]
@@ -76,7 +76,13 @@ def main() -> None:
     )
     args = parser.parse_args()
     settings = Settings.from_env()
-    settings = Settings.from_env({**_env(settings), "CALLGATE_QUEUE": f"rt-{uuid.uuid4().hex[:8]}"})
+    settings = Settings.from_env(
+        {
+            **_env(settings),
+            "CALLGATE_QUEUE": f"rt-{uuid.uuid4().hex[:8]}",
+            "CALLGATE_TOOLS": DEMO_TOOLS,  # it counts the demo tools' round trips
+        }
+    )
     engine = db.create(settings.require_database())
     migrate.upgrade(engine)
     downstream.install(engine)

@@ -84,13 +84,15 @@ class Producer:
 
     @classmethod
     def from_env(cls, settings: Settings | None = None) -> Producer:
-        """Build from ``CALLGATE_DATABASE_URL``, ``CALLGATE_REDIS_URL`` and friends."""
+        """Build from ``CALLGATE_DATABASE_URL``, ``CALLGATE_REDIS_URL``, ``CALLGATE_TOOLS``
+        (required) and friends, or from ``settings`` read from them."""
         settings = settings or Settings.from_env()
+        registry = tool_registry.from_settings(settings)  # a missing registry fails first
         return cls(
             settings=settings,
             engine=db.create(settings.require_database(), application_name="callgate-producer"),
             redis_connection=transport.connect(settings.require_redis()),
-            registry=tool_registry.from_env(),
+            registry=registry,
         )
 
     def submit(

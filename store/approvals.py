@@ -1,4 +1,4 @@
-"""Approval requests bound to an intent (SPEC §3 steps 6–7, §9).
+"""Approval requests bound to an intent (the gate's risk and approval layers).
 
 A call whose risk policy asks for approval is parked: no job, no reservation, no handler.
 Its request carries the server-computed impact, the operation, the intent hash and the
@@ -13,6 +13,12 @@ policy version. An approver's decision applies to exactly that request:
   The resumed call runs the whole gate again, so a changed argument or canonical resource
   computes another intent and the old approval does not apply (TOCTOU).
 - ``deny``: pending → denied, and every call parked on it ends ``approval_denied``.
+
+Four eyes and tenants: an approver acts for one tenant and never decides a request they
+asked for themselves. Both conditions are in the guarded statement that decides, beside
+``state = 'pending'``, so no interleaving can slip a self-approval between a check and a
+write; when no row comes back, a read afterwards only explains why. Another tenant's request
+is answered exactly like a missing one, so an approver learns nothing about other tenants.
 """
 
 from __future__ import annotations
@@ -96,6 +102,7 @@ WITH decided AS (
     UPDATE callgate.approvals
        SET state = 'approved', decided_by = :by, decided_at = now()
      WHERE approval_id = :approval_id AND state = 'pending'
+       AND tenant_id = :tenant AND lower(requested_by) <> lower(:by)
     RETURNING approval_id, version, operation_id
 ), resumed AS (
     UPDATE callgate.calls AS c
@@ -120,6 +127,7 @@ WITH decided AS (
     UPDATE callgate.approvals
        SET state = 'denied', decided_by = :by, decided_at = now()
      WHERE approval_id = :approval_id AND state = 'pending'
+       AND tenant_id = :tenant AND lower(requested_by) <> lower(:by)
     RETURNING approval_id, version
 ), finished AS (
     UPDATE callgate.calls AS c
@@ -142,7 +150,8 @@ SELECT a.approval_id, a.version, a.state, a.tool_name, a.tenant_id, a.requested_
        (SELECT coalesce(array_agg(c.call_id ORDER BY c.created_at), '{}')
           FROM callgate.calls AS c WHERE c.approval_id = a.approval_id) AS call_ids
   FROM callgate.approvals AS a
- WHERE (CAST(:state AS text) IS NULL OR a.state = :state)
+ WHERE a.tenant_id = :tenant
+   AND (CAST(:state AS text) IS NULL OR a.state = :state)
    AND (CAST(:approval_id AS uuid) IS NULL OR a.approval_id = :approval_id)
  ORDER BY a.created_at
 """
@@ -213,19 +222,28 @@ def settle(
     )
 
 
-def approve(engine: Engine, approval_id: str, *, by: str) -> list[uuid.UUID]:
-    """Grant a pending request. Returns the calls to enqueue again."""
+def approve(engine: Engine, approval_id: str, *, by: str, tenant: str) -> list[uuid.UUID]:
+    """Grant a pending request of ``tenant`` as ``by``. Returns the calls to enqueue again.
+
+    Refused with ``approval_forbidden`` when ``by`` asked for it, ``unknown_approval`` when
+    it does not exist or belongs to another tenant, ``approval_not_pending`` when decided.
+    """
     ident = _parse_id(approval_id)
+    who, tenant = _approver(by), _tenant(tenant)
     with db.autocommit(engine) as conn:
-        row = conn.execute(text(APPROVE_SQL), {"approval_id": ident, "by": _approver(by)}).one()
+        row = conn.execute(
+            text(APPROVE_SQL), {"approval_id": ident, "by": who, "tenant": tenant}
+        ).one()
     if not row.decided:
-        _explain(engine, ident)
+        _explain(engine, ident, by=who, tenant=tenant)
     return list(row.resumed)
 
 
-def deny(engine: Engine, approval_id: str, *, by: str) -> Finished:
-    """Refuse a pending request: every call parked on it ends ``approval_denied``."""
+def deny(engine: Engine, approval_id: str, *, by: str, tenant: str) -> Finished:
+    """Refuse a pending request of ``tenant`` as ``by``: every call parked on it ends
+    ``approval_denied``. Refused like ``approve`` (the requester cannot deny it either)."""
     ident = _parse_id(approval_id)
+    who, tenant = _approver(by), _tenant(tenant)
     body = result_body(
         "failed_terminal",
         {
@@ -238,42 +256,61 @@ def deny(engine: Engine, approval_id: str, *, by: str) -> Finished:
             text(DENY_SQL),
             {
                 "approval_id": ident,
-                "by": _approver(by),
+                "by": who,
+                "tenant": tenant,
                 "body": body,
                 "event": "approval_denied",
                 "generation": None,
-                "detail": json.dumps({"approval_id": str(ident), "by": by}),
+                "detail": json.dumps({"approval_id": str(ident), "by": who}),
             },
         ).one()
     if not row.decided:
-        _explain(engine, ident)
+        _explain(engine, ident, by=who, tenant=tenant)
     return Finished(row.finished, list(row.successors))
 
 
 def requests(
-    engine: Engine, *, state: str | None = None, approval_id: str | None = None
+    engine: Engine, *, tenant: str, state: str | None = None, approval_id: str | None = None
 ) -> list[dict[str, Any]]:
+    """The requests of ``tenant`` (only), oldest first, optionally of one state or id."""
     ident = _parse_id(approval_id) if approval_id else None
     with db.autocommit(engine) as conn:
-        rows = conn.execute(text(LIST_SQL), {"state": state, "approval_id": ident}).mappings()
+        rows = conn.execute(
+            text(LIST_SQL), {"tenant": _tenant(tenant), "state": state, "approval_id": ident}
+        ).mappings()
         return [_jsonable(dict(r)) for r in rows]
 
 
-def show(engine: Engine, approval_id: str) -> dict[str, Any]:
-    found = requests(engine, approval_id=approval_id)
+def show(engine: Engine, approval_id: str, *, tenant: str) -> dict[str, Any]:
+    """One request of ``tenant``; another tenant's is ``unknown_approval``, like a missing one."""
+    found = requests(engine, tenant=tenant, approval_id=approval_id)
     if not found:
-        raise ApprovalError(f"no approval request {approval_id}")
+        raise _unknown(approval_id)
     return found[0]
 
 
-def _explain(engine: Engine, ident: uuid.UUID) -> None:
-    found = requests(engine, approval_id=str(ident))
+def _explain(engine: Engine, ident: uuid.UUID, *, by: str, tenant: str) -> None:
+    """Say why the deciding statement matched no row. Only explains: nothing is decided here,
+    so a request decided meanwhile is reported as it now is."""
+    found = requests(engine, tenant=tenant, approval_id=str(ident))
     if not found:
-        raise ApprovalError(f"no approval request {ident}")
+        raise _unknown(str(ident))
+    request = found[0]
+    if request["state"] != "pending":
+        raise ApprovalError(
+            f"approval request {ident} is {request['state']}, not pending; nothing changed",
+            code=ErrorCode.APPROVAL_NOT_PENDING,
+        )
     raise ApprovalError(
-        f"approval request {ident} is {found[0]['state']}, not pending; nothing changed",
-        code=ErrorCode.APPROVAL_NOT_PENDING,
+        f"approval request {ident} was asked for by {request['requested_by']}, who cannot "
+        f"decide it; another approver of {tenant} must; nothing changed",
+        code=ErrorCode.APPROVAL_FORBIDDEN,
     )
+
+
+def _unknown(approval_id: str) -> ApprovalError:
+    # The same words for a missing request and another tenant's: no existence oracle.
+    return ApprovalError(f"no approval request {approval_id}")
 
 
 def _parse_id(approval_id: str) -> uuid.UUID:
@@ -289,6 +326,14 @@ def _approver(by: str) -> str:
             "an approval needs the approver's name (--by USER)", code=ErrorCode.INVALID_INPUT
         )
     return by.strip()
+
+
+def _tenant(tenant: str) -> str:
+    if not tenant.strip():
+        raise ApprovalError(
+            "an approver acts for one tenant (--tenant TENANT)", code=ErrorCode.INVALID_INPUT
+        )
+    return tenant.strip()
 
 
 def _jsonable(row: dict[str, Any]) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from typing import Any
 
 
 class ErrorCode(StrEnum):
-    # Gate (SPEC §3), in gate order.
+    # The gate, in gate order.
     UNKNOWN_TOOL = "unknown_tool"
     TOOL_NOT_ALLOWED = "tool_not_allowed"
     INVALID_ARGUMENTS_JSON = "invalid_arguments_json"
@@ -27,7 +27,7 @@ class ErrorCode(StrEnum):
     APPROVAL_DENIED = "approval_denied"
     IDEMPOTENCY_CONFLICT = "idempotency_conflict"
     OPERATION_IN_PROGRESS = "operation_in_progress"
-    # Loop and budget (SPEC §12), decided when the turn is recorded.
+    # Loop and budget, decided when the turn is recorded.
     BUDGET_EXCEEDED = "budget_exceeded"
     REPEATED_CALL = "repeated_call"
     # Execution.
@@ -36,13 +36,13 @@ class ErrorCode(StrEnum):
     RECONCILIATION_PENDING = "reconciliation_pending"
     EXECUTION_FAILED = "execution_failed"
     DELIVERY_EXHAUSTED = "delivery_exhausted"
-    # Correlation (SPEC §4).
+    # Correlation of results with proposals.
     MISSING_RESULT = "missing_result"
     DUPLICATE_RESULT = "duplicate_result"
     EXTRA_RESULT = "extra_result"
     TOOL_NAME_MISMATCH = "tool_name_mismatch"
     NON_TERMINAL_RESULT = "non_terminal_result"
-    # Provider envelopes (SPEC §2) and MCP results (SPEC §11).
+    # Provider envelopes and MCP results.
     INVALID_PROVIDER_ENVELOPE = "invalid_provider_envelope"
     MISSING_TOOL_CALLS = "missing_tool_calls"
     MALFORMED_TOOL_CALLS = "malformed_tool_calls"
@@ -59,6 +59,8 @@ class ErrorCode(StrEnum):
     UNKNOWN_TURN = "unknown_turn"
     UNKNOWN_APPROVAL = "unknown_approval"
     APPROVAL_NOT_PENDING = "approval_not_pending"
+    # Four eyes: the person who asked for an approval cannot decide it.
+    APPROVAL_FORBIDDEN = "approval_forbidden"
     DATABASE_UNAVAILABLE = "database_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"
     EMBEDDED_SERVICE_FAILED = "embedded_service_failed"
@@ -123,13 +125,14 @@ class UnknownTurn(CallgateError):
 
 
 class ApprovalError(CallgateError):
-    """An approver acted on an approval that does not exist or is no longer pending."""
+    """An approver acted on an approval that does not exist (or is another tenant's), is no
+    longer pending, or that they asked for themselves."""
 
     code = ErrorCode.UNKNOWN_APPROVAL
 
 
 class CorrelationError(CallgateError):
-    """Results do not match proposals one to one (SPEC §4)."""
+    """Results do not match proposals one to one."""
 
     code = ErrorCode.MISSING_RESULT
 

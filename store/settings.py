@@ -56,6 +56,10 @@ class Settings:
     turn_call_budget: int = 32
     conversation_call_budget: int = 256
     max_dispatches: int = 10
+    # ``module:attribute`` of the tool registry and the allowlist override; loaded (and
+    # required) only by the processes that run or plan tools: workers and producers.
+    tools: str | None = None
+    allowlist: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Self:
@@ -79,6 +83,8 @@ class Settings:
             turn_call_budget=_int(env, "CALLGATE_TURN_CALL_BUDGET", 32, minimum=1),
             conversation_call_budget=_int(env, "CALLGATE_CONVERSATION_CALL_BUDGET", 256, minimum=1),
             max_dispatches=_int(env, "CALLGATE_MAX_DISPATCHES", 10, minimum=1),
+            tools=env.get("CALLGATE_TOOLS") or None,
+            allowlist=env.get("CALLGATE_ALLOWLIST") or None,
         )
 
     def require_database(self) -> str:

@@ -96,4 +96,6 @@ def service_env(database_url: str, redis_url: str, queue_name: str) -> dict[str,
         "CALLGATE_DATABASE_URL": database_url,
         "CALLGATE_REDIS_URL": redis_url,
         "CALLGATE_QUEUE": queue_name,
+        # Named explicitly: no process falls back to the demo tools on its own.
+        "CALLGATE_TOOLS": "worker.demo.tools:demo_registry",
     }

@@ -17,6 +17,7 @@ from typing import Any, Literal
 from pydantic import BaseModel
 
 from store.errors import ConfigurationError, ErrorCode, StaleFence, ToolError
+from store.settings import Settings
 
 Kind = Literal["read", "write"]
 Arguments = BaseModel | dict[str, Any]  # a validated model, or a dict checked by JSON Schema
@@ -33,7 +34,7 @@ class Principal:
 
 @dataclass(frozen=True)
 class Facts:
-    """Server state a tool's policy reads before deciding (SPEC §3 steps 4–6).
+    """Server state a tool's policy reads before deciding (business, authorization, risk).
 
     ``canonical`` identifies the resource the call acts on (the payment behind an order, the
     exact set of e-mails behind a query); it is part of the intent hash, so if it changes
@@ -82,18 +83,23 @@ StatusLookup = Callable[[Any, ExecutionContext], "dict[str, Any] | None"]
 
 @dataclass(frozen=True)
 class SideEffect:
-    """What running the tool does to the world (retry idempotency ≠ business idempotency)."""
+    """What running the tool does to the world (retry idempotency ≠ business idempotency).
 
-    idempotent: bool = True  # applying it twice means the same as once
-    reversible: bool = True
+    Unsafe is the default: ``SideEffect()`` (and a tool that declares no effect) is
+    irreversible and not idempotent, so forgetting to declare a write never lets a worker
+    run it a second time after a crash. Reads say so with ``READ_ONLY``.
+    """
+
+    idempotent: bool = False  # applying it twice means the same as once
+    reversible: bool = False
 
 
-READ_ONLY = SideEffect()
+READ_ONLY = SideEffect(idempotent=True, reversible=True)
 
 
 @dataclass(frozen=True)
 class Downstream:
-    """What the tool's downstream offers against duplicates and stale owners (SPEC §7)."""
+    """What the tool's downstream offers against duplicates and stale owners."""
 
     idempotency_keys: bool = False
     fencing: bool = False
@@ -122,7 +128,8 @@ class Tool:
     request left): given the arguments and the context (its idempotency key), it returns the
     write's result if it applied, ``None`` if it did not, and raises if it cannot tell.
     Without one, such a write whose downstream takes no idempotency key ends
-    ``reconciliation_pending``.
+    ``reconciliation_pending``. ``effect`` defaults to the most dangerous kind (irreversible,
+    not idempotent); declare ``READ_ONLY`` for reads.
     """
 
     name: str
@@ -132,7 +139,7 @@ class Tool:
     handler: Handler
     version: str = "1"
     schema_version: str = "1"
-    effect: SideEffect = READ_ONLY
+    effect: SideEffect = SideEffect()
     downstream: Downstream = Downstream()
     result: type[BaseModel] | None = None
     limits: ResultLimits = ResultLimits()
@@ -235,18 +242,24 @@ def load_allowlist(value: str) -> dict[str, list[str]]:
     return doc
 
 
+MISSING_REGISTRY = (
+    "CALLGATE_TOOLS is not set: name your tool registry as 'module:attribute' (a "
+    "worker.registry.Registry or a zero-argument callable returning one), e.g. "
+    "CALLGATE_TOOLS=worker.demo.tools:demo_registry for the demo tools"
+)
+
+
 def load(spec: str | None, allowlist: str | None = None) -> Registry:
-    """Load ``module:attribute``; the demo registry when ``spec`` is empty. ``allowlist``
-    (``CALLGATE_ALLOWLIST``), when given, replaces the registry's own role allowlists."""
+    """Load ``module:attribute``; a missing ``spec`` is a ``ConfigurationError`` (never a
+    fallback to the demo tools). ``allowlist`` (``CALLGATE_ALLOWLIST``), when given,
+    replaces the registry's own role allowlists."""
     registry = _load_registry(spec)
     return registry.with_allowlist(load_allowlist(allowlist)) if allowlist else registry
 
 
 def _load_registry(spec: str | None) -> Registry:
-    if not spec:
-        from worker.demo.tools import demo_registry
-
-        return demo_registry()
+    if not spec or not spec.strip():
+        raise ConfigurationError(MISSING_REGISTRY)
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"CALLGATE_TOOLS={spec!r}: expected 'module:attribute'")
@@ -266,3 +279,8 @@ def from_env(env: Mapping[str, str] | None = None) -> Registry:
 
     env = os.environ if env is None else env
     return load(env.get("CALLGATE_TOOLS") or None, env.get("CALLGATE_ALLOWLIST") or None)
+
+
+def from_settings(settings: Settings) -> Registry:
+    """The registry these settings name (``CALLGATE_TOOLS``, ``CALLGATE_ALLOWLIST``)."""
+    return load(settings.tools, settings.allowlist)

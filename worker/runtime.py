@@ -29,7 +29,7 @@ class Runtime:
             engine=db.create(settings.require_database(), application_name="callgate-worker"),
             redis=connection,
             queue=transport.job_queue(connection, settings.queue),
-            registry=tool_registry.from_env(),
+            registry=tool_registry.from_settings(settings),
         )
 
 

@@ -71,7 +71,8 @@ def test_deleting_50_emails_takes_one_approval_and_changes_each_once(
 
     # The approval shows the count and the account, computed by the server.
     (request,) = approvals_of(engine, op)
-    env = producer_env(producer)
+    # An approver of user-17's tenant (never user-17: four eyes).
+    env = {**producer_env(producer), "CALLGATE_APPROVER_TENANT": "tenant-a"}
     shown = json.loads(
         callgate("approvals", "show", str(request["approval_id"]), "--json", env=env).stdout
     )

@@ -337,6 +337,8 @@ def test_refund_table_each_row_stops_at_its_layer(producer, stack, engine):
         str(request["approval_id"]),
         "--by",
         "alice",
+        "--tenant",
+        "tenant-a",
         env=producer_env(producer),
     )
     assert proc.returncode == 0, proc.stderr
@@ -389,6 +391,7 @@ def producer_env(producer: Producer) -> dict[str, str]:
         "CALLGATE_DATABASE_URL": s.require_database(),
         "CALLGATE_REDIS_URL": s.require_redis(),
         "CALLGATE_QUEUE": s.queue,
+        "CALLGATE_TOOLS": "worker.demo.tools:demo_registry",
     }
 
 
@@ -428,7 +431,7 @@ def test_counterexample_approval_does_not_survive_a_new_canonical_payment(produc
         downstream.add_payment(
             conn, order, "tenant-a", "merchant-tenant-a", "pay-newer-" + op[-6:], PAYMENT, "KRW"
         )
-    resumed = approvals.approve(engine, str(v1["approval_id"]), by="alice")
+    resumed = approvals.approve(engine, str(v1["approval_id"]), by="alice", tenant="tenant-a")
     transport.enqueue_calls(producer.queue, resumed, timeout=60)
 
     # The resumed call computes another intent: the old approval does not apply.
@@ -440,7 +443,14 @@ def test_counterexample_approval_does_not_survive_a_new_canonical_payment(produc
     assert requests_for(engine, key) == 0 and effects_for(engine, key) == 0
     # Approving the stale version now changes nothing.
     stale = callgate(
-        "approvals", "approve", str(old["approval_id"]), "--by", "alice", env=producer_env(producer)
+        "approvals",
+        "approve",
+        str(old["approval_id"]),
+        "--by",
+        "alice",
+        "--tenant",
+        "tenant-a",
+        env=producer_env(producer),
     )
     assert stale.returncode == 2 and "approval_not_pending" in stale.stderr
 
@@ -454,7 +464,14 @@ def test_denied_approval_ends_the_call_with_approval_denied(producer, stack, eng
     assert final(engine, ref)["state"] == "awaiting_approval"
     (request,) = approvals_of(engine, op)
     proc = callgate(
-        "approvals", "deny", str(request["approval_id"]), "--by", "bob", env=producer_env(producer)
+        "approvals",
+        "deny",
+        str(request["approval_id"]),
+        "--by",
+        "bob",
+        "--tenant",
+        "tenant-a",
+        env=producer_env(producer),
     )
     assert proc.returncode == 0, proc.stderr
     (result,) = producer.collect(turn_id, timeout=10).results

@@ -9,6 +9,7 @@ import json
 import signal
 import time
 import uuid
+from typing import Any
 
 import pytest
 from sqlalchemy import Engine
@@ -46,7 +47,31 @@ def _refund_ids(engine: Engine) -> list[str]:
         return [r[0] for r in conn.execute(text("SELECT refund_id FROM downstream.refunds"))]
 
 
-def test_a_parallel_reads_join_by_id_and_finish_near_the_slowest(producer, stack, engine):
+def _execution_intervals(engine: Engine, turn_id: str) -> dict[str, tuple[Any, Any]]:
+    """Per call: when its worker reserved it and when its completion committed, as the
+    trace recorded them (each is one statement's ``now()``): the handler ran in between."""
+    with engine.connect() as conn:
+        from sqlalchemy import text
+
+        rows = conn.execute(
+            text(
+                "SELECT c.call_id,"
+                "       min(t.at) FILTER (WHERE t.event IN ('reserved', 'takeover')) AS started,"
+                "       max(t.at) FILTER (WHERE t.event = 'completed') AS ended"
+                "  FROM callgate.calls AS c JOIN callgate.trace_events AS t ON t.call_ref = c.id"
+                " WHERE c.turn_id = :t GROUP BY c.call_id"
+            ),
+            {"t": turn_id},
+        )
+        return {r.call_id: (r.started, r.ended) for r in rows}
+
+
+def test_a_parallel_reads_run_concurrently_and_join_by_id(producer, stack, engine):
+    """Concurrency and completion order come from the trace's own timestamps, never from a
+    wall-clock threshold: all three reads were executing at one moment when the latest
+    reservation precedes the earliest completion. A loaded machine may delay a worker's
+    pickup in one turn, so several turns are sampled; a sequential executor never overlaps.
+    The elapsed time is printed as a figure, not asserted."""
     stack(workers=3, CALLGATE_DEMO_DELAY_MS="get_weather=120,get_stock=280,get_news=200")
     proposals = [
         {
@@ -57,38 +82,41 @@ def test_a_parallel_reads_join_by_id_and_finish_near_the_slowest(producer, stack
         {"call_id": "call-B", "tool_name": "get_stock", "arguments": {"symbol": "NVDA"}},
         {"call_id": "call-C", "tool_name": "get_news", "arguments": {"topic": "tech"}},
     ]
-    timings = []
-    for attempt in range(3):
+    overlapped, out_of_order = 0, 0
+    for attempt in range(5):
         started = time.monotonic()
         turn = producer.submit(
             [{**p, "call_id": f"{p['call_id']}-{attempt}"} for p in proposals], SUPPORT_A
         )
-        collected = producer.collect(turn.turn_id, timeout=10)
-        timings.append(time.monotonic() - started)
+        collected = producer.collect(turn.turn_id, timeout=15)
+        elapsed = time.monotonic() - started
 
+        # Joined by id, in proposal order, whatever order they finished in: every time.
         assert collected.complete and collected.pending == []
-        assert [r.call_id for r in collected.results] == [f"call-{x}-{attempt}" for x in "ABC"]
+        ids = [f"call-{x}-{attempt}" for x in "ABC"]
+        assert [r.call_id for r in collected.results] == ids
         by_id = {r.call_id: r for r in collected.results}
-        assert by_id[f"call-A-{attempt}"].data["content"]["city"] == "Seoul"
-        assert by_id[f"call-B-{attempt}"].data["content"]["symbol"] == "NVDA"
-        assert by_id[f"call-C-{attempt}"].data["content"]["topic"] == "tech"
-        with engine.connect() as conn:
-            from sqlalchemy import text
+        assert by_id[ids[0]].data["content"]["city"] == "Seoul"
+        assert by_id[ids[1]].data["content"]["symbol"] == "NVDA"
+        assert by_id[ids[2]].data["content"]["topic"] == "tech"
 
-            finished = [
-                r[0]
-                for r in conn.execute(
-                    text(
-                        "SELECT call_id FROM callgate.calls"
-                        " WHERE turn_id = :t ORDER BY completed_at"
-                    ),
-                    {"t": turn.turn_id},
-                )
-            ]
-        # Proposal order is A, B, C; the 120/200/280 ms delays finish them A, C, B.
-        assert finished == [f"call-{x}-{attempt}" for x in "ACB"]
-    # Sequential would be 600 ms plus overhead; concurrent is the slowest read plus overhead.
-    assert min(timings) < 0.6, timings
+        intervals = _execution_intervals(engine, turn.turn_id)
+        assert sorted(intervals) == sorted(ids)
+        assert all(start is not None and end is not None for start, end in intervals.values())
+        finished = sorted(intervals, key=lambda c: intervals[c][1])
+        latest_start = max(start for start, _ in intervals.values())
+        earliest_end = min(end for _, end in intervals.values())
+        overlapped += latest_start < earliest_end
+        out_of_order += finished != ids
+        print(
+            f"attempt {attempt}: {elapsed * 1000:.0f} ms end to end; finished {finished};"
+            f" overlap {(earliest_end - latest_start).total_seconds() * 1000:.0f} ms"
+        )
+        if overlapped and out_of_order:
+            break
+    # All three ran at once in some turn, and fan-in joined out-of-order completions by id.
+    assert overlapped >= 1
+    assert out_of_order >= 1
 
 
 def test_b_one_write_enqueued_three_times_raced_by_four_workers(

@@ -129,7 +129,7 @@ def test_settle_is_idempotent_and_a_second_intent_supersedes_the_first(engine: E
     assert _count(engine, "SELECT count(*) FROM callgate.outbox WHERE call_ref = :r", r=p1.ref) == 1
     states = [
         a["state"]
-        for a in approvals.requests(engine, state=None)
+        for a in approvals.requests(engine, tenant="tenant-a", state=None)
         if a["operation_id"] == p1.operation_id
     ]
     assert states == ["superseded", "pending"]

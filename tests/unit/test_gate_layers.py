@@ -19,6 +19,8 @@ from worker.demo.tools import demo_registry
 from worker.registry import ResultLimits, Tool, from_env, load_allowlist
 from worker.results import TRUST_LABEL, redact_text, safe_error, safe_result
 
+DEMO = {"CALLGATE_TOOLS": "worker.demo.tools:demo_registry"}
+
 WEATHER_SCHEMA: dict[str, Any] = {
     "type": "object",
     "additionalProperties": False,
@@ -108,12 +110,12 @@ def test_the_scope_in_an_intent_is_the_roles_that_allow_the_tool() -> None:
 
 
 def test_allowlist_from_inline_json_and_from_a_file(tmp_path: Path) -> None:
-    inline = from_env({"CALLGATE_ALLOWLIST": '{"auditor": ["get_news"]}'})
+    inline = from_env({**DEMO, "CALLGATE_ALLOWLIST": '{"auditor": ["get_news"]}'})
     assert inline.allowed_for(["auditor"]) == {"get_news"}
     assert inline.allowed_for(["support"]) == frozenset()  # the file replaces the defaults
     path = tmp_path / "allow.json"
     path.write_text('{"ops": ["get_stock", "refund_payment"]}')
-    assert from_env({"CALLGATE_ALLOWLIST": str(path)}).allowed_for(["ops"]) == {
+    assert from_env({**DEMO, "CALLGATE_ALLOWLIST": str(path)}).allowed_for(["ops"]) == {
         "get_stock",
         "refund_payment",
     }
@@ -131,7 +133,7 @@ def test_allowlist_from_inline_json_and_from_a_file(tmp_path: Path) -> None:
 )
 def test_bad_allowlists_are_clear_configuration_errors(value: str, fragment: str) -> None:
     with pytest.raises(ConfigurationError) as info:
-        from_env({"CALLGATE_ALLOWLIST": value})
+        from_env({**DEMO, "CALLGATE_ALLOWLIST": value})
     assert fragment in info.value.message
 
 

@@ -37,6 +37,7 @@ from store.settings import Settings
 from worker.demo import delays as demo_delays
 from worker.demo.downstream import Mail, Mailbox, Payments
 from worker.registry import (
+    READ_ONLY,
     Downstream,
     ExecutionContext,
     Facts,
@@ -45,6 +46,9 @@ from worker.registry import (
     SideEffect,
     Tool,
 )
+
+# What ``callgate demo`` sets CALLGATE_TOOLS to; anything else must name its registry.
+DEMO_TOOLS = "worker.demo.tools:demo_registry"
 
 READS = ("get_weather", "get_stock", "get_news", "read_email")
 WRITES = ("refund_payment", "send_email", "delete_emails")
@@ -429,6 +433,7 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
             WeatherArgs,
             "read",
             get_weather,
+            effect=READ_ONLY,
             result=WeatherResult,
         ),
         Tool(
@@ -437,6 +442,7 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
             StockArgs,
             "read",
             get_stock,
+            effect=READ_ONLY,
             result=StockResult,
         ),
         Tool(
@@ -445,6 +451,7 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
             NewsArgs,
             "read",
             get_news,
+            effect=READ_ONLY,
             result=NewsResult,
         ),
         Tool(
@@ -454,6 +461,7 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
             ReadEmailArgs,
             "read",
             read_email,
+            effect=READ_ONLY,
             result=ReadEmailResult,
             resolve=resolve_email,
             authorize=read_authorized,

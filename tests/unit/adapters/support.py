@@ -16,7 +16,6 @@ REPO = Path(__file__).resolve().parents[3]
 # The recordings are copied into the repo so a clone elsewhere (CI) still has them;
 # CALLGATE_FIXTURES_DIR points the tests at another copy.
 IN_REPO_RECORDINGS = REPO / "tests" / "fixtures" / "provider-recordings"
-SHARED_RECORDINGS = REPO / ".." / "shared" / "fixtures" / "provider-recordings"
 
 
 def recordings_dir() -> Path:

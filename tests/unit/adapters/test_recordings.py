@@ -7,7 +7,6 @@ requests show which ``tool_result`` blocks the provider accepted for each call.
 
 from __future__ import annotations
 
-import filecmp
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 from producer.adapters import AdapterError, read_proposals, read_stream, write_results
 from store.types import AppError, FailedTerminal, ProposedCall, Succeeded
 
-from .support import IN_REPO_RECORDINGS, SHARED_RECORDINGS, load, recordings_dir
+from .support import load, recordings_dir
 
 OPENAI_TOOLS = {"Query", "GetWeatherArgs", "get_stock_price", "get_weather"}
 
@@ -27,17 +26,6 @@ def names(pattern: str) -> list[str]:
     found = sorted(path.name for path in recordings_dir().glob(pattern))
     assert found, f"no recordings match {pattern} in {recordings_dir()}"
     return found
-
-
-def test_the_in_repo_copy_matches_the_shared_recordings() -> None:
-    if not SHARED_RECORDINGS.is_dir():
-        pytest.skip("the shared fixtures folder is not beside this checkout")
-    shared = sorted(p.name for p in SHARED_RECORDINGS.iterdir())
-    assert sorted(p.name for p in IN_REPO_RECORDINGS.iterdir()) == shared
-    _, mismatch, errors = filecmp.cmpfiles(
-        SHARED_RECORDINGS, IN_REPO_RECORDINGS, shared, shallow=False
-    )
-    assert (mismatch, errors) == ([], [])
 
 
 def expected_chat(completion: dict[str, Any]) -> list[ProposedCall]:

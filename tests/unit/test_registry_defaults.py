@@ -1,0 +1,53 @@
+"""Unsafe is the default: an undeclared effect is the most dangerous kind, and a missing
+registry is a configuration error, never a silent fallback to the demo tools."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from store.errors import ConfigurationError, ErrorCode
+from worker import registry
+from worker.demo.tools import READS, WRITES, demo_registry
+from worker.registry import READ_ONLY, SideEffect, Tool
+
+SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
+
+
+def _noop(args: Any, ctx: Any) -> dict[str, Any]:
+    return {}
+
+
+def test_a_write_declared_without_an_effect_is_irreversible_and_not_idempotent() -> None:
+    tool = Tool("charge", "Charge a card.", SCHEMA, "write", _noop)
+    assert (tool.effect.idempotent, tool.effect.reversible) == (False, False)
+    assert SideEffect() == SideEffect(idempotent=False, reversible=False)
+
+
+def test_reads_say_so_explicitly() -> None:
+    assert (READ_ONLY.idempotent, READ_ONLY.reversible) == (True, True)
+    tools = demo_registry().tools
+    assert all(tools[name].effect == READ_ONLY for name in READS)
+    # Every demo write declares its effect; none relies on the default.
+    assert tools["refund_payment"].effect == SideEffect(idempotent=False, reversible=False)
+    assert tools["delete_emails"].effect == SideEffect(idempotent=True, reversible=True)
+    assert set(WRITES) <= tools.keys()
+
+
+@pytest.mark.parametrize("env", [{}, {"CALLGATE_TOOLS": ""}, {"CALLGATE_ALLOWLIST": "{}"}])
+def test_no_registry_is_a_configuration_error(env: dict[str, str]) -> None:
+    with pytest.raises(ConfigurationError) as info:
+        registry.from_env(env)
+    assert info.value.code == ErrorCode.INVALID_CONFIGURATION
+    message = info.value.message
+    assert "CALLGATE_TOOLS" in message and "module:attribute" in message
+    assert "worker.demo.tools:demo_registry" in message
+    assert "\n" not in message
+    with pytest.raises(ConfigurationError):
+        registry.load(None)
+
+
+def test_the_demo_registry_loads_only_when_named() -> None:
+    loaded = registry.from_env({"CALLGATE_TOOLS": "worker.demo.tools:demo_registry"})
+    assert loaded.tools.keys() == demo_registry().tools.keys()
