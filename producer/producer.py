@@ -146,14 +146,16 @@ class Producer:
         """Wait up to ``timeout`` seconds for one terminal result per proposed call.
 
         Returns as soon as the last result arrives. On timeout, ``pending`` names the calls
-        without a result: nothing is invented for them.
+        without a result: nothing is invented for them. ``timeout`` must be finite and not
+        negative (``InputError`` otherwise).
         """
+        validation.check_timeout(timeout)
         with db.translate_errors("collect"):
             state = turns.load_state(self.engine, turn_id)
         fan = FanIn(state.proposals)
         fan.add_all(state.results)
         stream = transport.results_stream(self.settings.queue, state.turn_id)
-        deadline = time.monotonic() + max(timeout, 0.0)
+        deadline = time.monotonic() + timeout
         last_id = "0-0"
         next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
         while not fan.complete:

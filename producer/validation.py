@@ -20,6 +20,7 @@ so the model learns which call to fix.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -179,6 +180,13 @@ def check_id(value: object, what: str) -> None:
             f"{what} '{values.printable(value)}' holds an unprintable character "
             f"(U+{ord(bad):04X}); ids are printable text"
         )
+
+
+def check_timeout(seconds: float, what: str = "timeout") -> None:
+    """A wait is a finite number of seconds, 0 or more (NaN would never compare as done,
+    infinity never returns)."""
+    if not isinstance(seconds, int | float) or not math.isfinite(seconds) or seconds < 0:
+        raise InputError(f"{what} must be a finite number of seconds, 0 or more")
 
 
 def first_error(exc: ValidationError) -> str:

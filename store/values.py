@@ -53,13 +53,14 @@ def _escape(ch: str) -> str:
     return f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"
 
 
-def loads(text: str) -> Any:
-    """Parse ``text`` as strict JSON and :func:`check` the result.
+def loads(text: str, *, check_values: bool = True) -> Any:
+    """Parse ``text`` as strict JSON and (unless ``check_values`` is false) :func:`check`
+    the result.
 
     Refused (``JSONValueError``): NaN and Infinity, numbers that overflow (``1e400``),
-    integers past ``MAX_INT_BITS``, a key twice in one object, nesting past
-    ``MAX_JSON_DEPTH``, strings PostgreSQL cannot store. ``syntax`` is set on the error
-    when the text is simply not JSON.
+    integers past ``MAX_INT_BITS``, a key twice in one object, nesting Python cannot parse;
+    with ``check_values`` also nesting past ``MAX_JSON_DEPTH`` and strings PostgreSQL
+    cannot store. ``syntax`` is set on the error when the text is simply not JSON.
     """
     try:
         value = json.loads(
@@ -79,7 +80,8 @@ def loads(text: str) -> Any:
         raise JSONValueError(f"nesting deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError:  # int() past sys.get_int_max_str_digits()
         raise JSONValueError(f"an integer of more than {MAX_INT_BITS} bits") from None
-    check(value)
+    if check_values:
+        check(value)
     return value
 
 

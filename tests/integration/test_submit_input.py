@@ -9,6 +9,7 @@ Issue 8's holes: 11 (values Postgres cannot hold), 12 (an operation id twice in 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,9 +17,11 @@ import pytest
 from sqlalchemy import Engine, text
 
 from producer import Producer
-from store import db, transport
+from producer.planning import plan
+from store import db, transport, turns
 from store.errors import CallgateError, ErrorCode
 from store.settings import Settings
+from store.types import CallContext, ProposedCall
 from worker.demo.tools import demo_registry
 
 CTX: dict[str, Any] = {
@@ -314,3 +317,41 @@ def test_one_operation_id_in_two_turns_is_still_allowed(producer: Producer, engi
     before = stored(engine)
     producer.submit([REFUND_1], CTX, operation_ids={"c-1": "op-retried"})
     assert stored(engine) == (before[0] + 1, before[1] + 1, before[2])
+
+
+# --- hole 15: what the database refuses is input, not an unreachable database ----------------
+
+
+def _planned_with(operation_id: str, topic: str = "rates") -> list[turns.PlannedCall]:
+    call = ProposedCall(call_id="c-1", tool_name="get_news", arguments={"topic": topic})
+    return plan([call], CallContext(**CTX), demo_registry(), {"c-1": operation_id})
+
+
+@pytest.mark.parametrize(
+    "planned",
+    [
+        # Past the btree's row size: ProgramLimitExceeded, an OperationalError subclass.
+        pytest.param(lambda: _planned_with(os.urandom(6000).hex()), id="oversized index key"),
+        pytest.param(lambda: _planned_with("op-1", topic="a\x00"), id="nul in jsonb"),
+    ],
+)
+def test_a_value_the_database_refuses_is_invalid_input_not_unavailable(
+    engine: Engine, planned: Any
+) -> None:
+    # Below submit's own checks (which refuse both first): the last line of defence.
+    before = stored(engine)
+    with pytest.raises(CallgateError) as info, db.translate_errors("submit"):
+        turns.record(engine, CallContext(**CTX), planned())
+    assert info.value.code == ErrorCode.INVALID_INPUT, info.value
+    assert "\n" not in info.value.message and "SELECT" not in info.value.message
+    assert stored(engine) == before
+
+
+def test_a_lone_surrogate_below_submit_is_invalid_input(engine: Engine) -> None:
+    ctx = CallContext.model_construct(**{**CTX, "roles": ("support",), "user_id": "u\ud800"})
+    call = ProposedCall(call_id="c-1", tool_name="get_news", arguments={"topic": "a"})
+    before = stored(engine)
+    with pytest.raises(CallgateError) as info, db.translate_errors("submit"):
+        turns.record(engine, ctx, plan([call], ctx, demo_registry()))
+    assert info.value.code == ErrorCode.INVALID_INPUT
+    assert stored(engine) == before
