@@ -284,6 +284,7 @@ def test_any_cli_submit_ends_stored_or_as_one_clear_line(
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)
 @settings(CLI_PROPERTY, max_examples=300)
 @given(submission=hostile.submissions(min_places=1))
 def test_any_cli_submit_ends_stored_or_as_one_clear_line_long_run(
