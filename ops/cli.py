@@ -22,9 +22,9 @@ from typing import Any, TextIO
 
 import click
 
-from store import db
+from store import db, values
 from store import migrate as migrations
-from store.errors import CallgateError, ErrorCode, InputError
+from store.errors import CallgateError, ErrorCode, InputError, JSONValueError
 from store.settings import Settings
 
 EXIT_ERROR = 2
@@ -344,7 +344,9 @@ def _report_no_calls(as_json: bool) -> None:
 def collect_cmd(turn_id: str, timeout: float, provider: str | None, as_json: bool) -> None:
     """Wait for a turn's results, joined by call id; name the calls still pending."""
     from producer import Producer
+    from producer.validation import check_timeout
 
+    check_timeout(timeout, "--timeout")
     producer = Producer.from_env()
     try:
         collected = producer.collect(turn_id, timeout)
@@ -576,15 +578,18 @@ def tools_cmd(roles: tuple[str, ...], provider: str | None) -> None:
 
 
 def _read_json(stream: TextIO, what: str) -> Any:
+    """Strict JSON: NaN, Infinity, 1e400 and a key twice in one object are refused here
+    (Python's json would accept them, and the last of two keys would silently win); what a
+    value may hold is checked by submit itself."""
     try:
-        return json.load(stream)
-    except json.JSONDecodeError as exc:
-        name = getattr(stream, "name", what)
-        raise InputError(
-            f"{what} file {name} is not valid JSON (line {exc.lineno}: {exc.msg})"
-        ) from None
+        raw = stream.read()
     except UnicodeDecodeError:
         raise InputError(f"{what} file is not UTF-8 text") from None
+    try:
+        return values.loads(raw, check_values=False)
+    except JSONValueError as exc:
+        name = values.printable(str(getattr(stream, "name", what)))
+        raise InputError(f"{what} file {name} is not valid JSON: {exc.message}") from None
 
 
 def _table(columns: list[str], rows: list[dict[str, Any]]) -> None:

@@ -8,14 +8,15 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from store.errors import ErrorCode, InputError
+from store import values
+from store.errors import ErrorCode, InputError, JSONValueError
 from store.turns import PlannedCall
 from store.types import CallContext, ProposedCall
+from store.values import printable
 from worker.intent import canonical_json, idempotency_key
 from worker.registry import Registry
 
@@ -33,7 +34,7 @@ def plan(
     for p in proposals:
         if p.call_id in seen:
             raise InputError(
-                f"call id {p.call_id!r} appears twice in one turn",
+                f"call id '{printable(p.call_id)}' appears twice in one turn",
                 code=ErrorCode.INVALID_INPUT,
             )
         seen.add(p.call_id)
@@ -41,7 +42,19 @@ def plan(
         raise InputError("an operation id must not be empty")
     unknown = set(operation_ids) - seen
     if unknown:
-        raise InputError(f"operation ids given for calls not in the turn: {sorted(unknown)}")
+        shown = ", ".join(f"'{printable(c)}'" for c in sorted(unknown)[:5])
+        raise InputError(f"operation ids given for calls not in the turn: {shown}")
+    # One operation is one logical write with one result. Two calls of a turn sharing it
+    # would get one result for two different intents (the second never runs).
+    owner: dict[str, str] = {}
+    for call_id, op in operation_ids.items():
+        if op in owner:
+            raise InputError(
+                f"operation id '{printable(op)}' is given for two calls of one turn "
+                f"('{printable(owner[op])}' and '{printable(call_id)}'); an operation id "
+                "names one logical operation: issue one per call"
+            )
+        owner[op] = call_id
 
     planned: list[PlannedCall] = []
     previous_write: uuid.UUID | None = None
@@ -70,8 +83,8 @@ def arguments_hash(arguments: Mapping[str, Any] | str) -> str:
     value: Any = arguments
     if isinstance(arguments, str):
         try:
-            value = json.loads(arguments)
-        except json.JSONDecodeError:
+            value = values.loads(arguments)
+        except JSONValueError:
             value = {"$raw": arguments}  # unparseable: only the identical string repeats it
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 

@@ -9,15 +9,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from pydantic import ValidationError
 from rq import Queue
 from sqlalchemy import Engine
 
+from producer import validation
 from producer.budgets import apply_budgets
 from producer.fanin import FanIn, Result
 from producer.planning import plan
 from store import db, transport, turns
-from store.errors import CorrelationError, ErrorCode, InputError, ServiceUnavailable
+from store.errors import CorrelationError, ErrorCode, ServiceUnavailable
 from store.settings import Settings
 from store.types import CallContext, ProposedCall, Turn
 from worker import registry as tool_registry
@@ -107,18 +107,16 @@ class Producer:
         ``operation_ids`` maps a call id to an operation id the application issued before
         (a retry of the same logical write in a new turn): that operation is reused.
         Reads are enqueued at once; of the writes only the first, the rest follow in order.
+
+        Input is checked before anything is recorded (producer/validation.py): a refusal is
+        an ``InputError`` (``invalid_input``, or ``invalid_arguments_json`` for string
+        arguments) and stores nothing. An operation id may appear once per turn.
         """
-        try:
-            calls = [
-                p if isinstance(p, ProposedCall) else ProposedCall.model_validate(p)
-                for p in proposals
-            ]
-            ctx = (
-                context if isinstance(context, CallContext) else CallContext.model_validate(context)
-            )
-        except ValidationError as exc:
-            raise InputError(f"bad proposal or context: {_first_error(exc)}") from None
-        planned = plan(calls, ctx, self.registry, operation_ids)
+        checked = validation.check_submission(
+            proposals, context, operation_ids, limits=validation.Limits.of(self.settings)
+        )
+        ctx = checked.context
+        planned = plan(checked.calls, ctx, self.registry, checked.operation_ids)
 
         def decide(facts: turns.ConversationFacts) -> list[turns.PlannedCall]:
             return apply_budgets(
@@ -150,14 +148,16 @@ class Producer:
         """Wait up to ``timeout`` seconds for one terminal result per proposed call.
 
         Returns as soon as the last result arrives. On timeout, ``pending`` names the calls
-        without a result: nothing is invented for them.
+        without a result: nothing is invented for them. ``timeout`` must be finite and not
+        negative (``InputError`` otherwise).
         """
+        validation.check_timeout(timeout)
         with db.translate_errors("collect"):
             state = turns.load_state(self.engine, turn_id)
         fan = FanIn(state.proposals)
         fan.add_all(state.results)
         stream = transport.results_stream(self.settings.queue, state.turn_id)
-        deadline = time.monotonic() + max(timeout, 0.0)
+        deadline = time.monotonic() + timeout
         last_id = "0-0"
         next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
         while not fan.complete:
@@ -191,9 +191,3 @@ class Producer:
     def close(self) -> None:
         self.engine.dispose()
         self.redis.close()
-
-
-def _first_error(exc: ValidationError) -> str:
-    err = exc.errors(include_input=False, include_url=False)[0]
-    where = "/".join(str(p) for p in err["loc"]) or "(root)"
-    return f"{where}: {err['msg']}"

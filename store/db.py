@@ -9,10 +9,10 @@ from typing import TypeVar
 import psycopg
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import ArgumentError, DBAPIError, OperationalError
+from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, IntegrityError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from store.errors import ConfigurationError, ServiceUnavailable
+from store.errors import ConfigurationError, InputError, ServiceUnavailable
 
 _T = TypeVar("_T")
 
@@ -49,17 +49,38 @@ def create(url: str, *, pool_size: int = 2, application_name: str = "callgate") 
 
 @contextmanager
 def translate_errors(what: str) -> Iterator[None]:
-    """Turn "cannot reach Postgres" into one actionable ServiceUnavailable."""
+    """Turn "cannot reach Postgres" into one actionable ServiceUnavailable, and a value
+    Postgres refuses into an InputError.
+
+    A refused value (a DataError such as a NUL in text, an IntegrityError, a key past the
+    index's row size) is not an outage: retrying it can never succeed. Its message names
+    the kind of refusal only, never the statement or the value.
+    """
     try:
         yield
+    except (DataError, IntegrityError) as exc:
+        raise _refused(what, exc.orig) from exc
+    except UnicodeEncodeError as exc:  # the driver cannot send a lone surrogate as UTF-8
+        raise _refused(what, exc) from exc
     except OperationalError as exc:
+        if isinstance(exc.orig, psycopg.errors.ProgramLimitExceeded):
+            raise _refused(what, exc.orig) from exc
         raise ServiceUnavailable(f"{what}: cannot reach PostgreSQL ({_first_line(exc)})") from exc
+    except (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded) as exc:
+        raise _refused(what, exc) from exc
     except psycopg.OperationalError as exc:
         raise ServiceUnavailable(f"{what}: cannot reach PostgreSQL ({_first_line(exc)})") from exc
     except DBAPIError as exc:
         if exc.connection_invalidated:
             raise ServiceUnavailable(f"{what}: lost the PostgreSQL connection") from exc
         raise
+
+
+def _refused(what: str, orig: BaseException | None) -> InputError:
+    kind = type(orig).__name__ if orig is not None else "DataError"
+    return InputError(
+        f"{what}: PostgreSQL refused a value ({kind}); check the input's ids, sizes and characters"
+    )
 
 
 def _first_line(exc: BaseException) -> str:
@@ -82,7 +103,7 @@ def is_transient(exc: BaseException) -> bool:
     """A failure the same statement may not meet again: a lost or terminated connection, a
     deadlock or serialization abort. Not bad data, not a constraint violation."""
     if isinstance(exc, OperationalError):  # includes deadlock_detected, admin_shutdown
-        return True
+        return not isinstance(exc.orig, psycopg.errors.ProgramLimitExceeded)  # a value too big
     return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 

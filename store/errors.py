@@ -114,6 +114,18 @@ class InputError(CallgateError):
     code = ErrorCode.INVALID_INPUT
 
 
+class JSONValueError(InputError):
+    """A value callgate will not record: not strict JSON, too deep, or not storable by
+    PostgreSQL (a NUL, a lone surrogate). ``path`` is a JSON Pointer to it, already made
+    printable; ``syntax`` is true when the text simply does not parse as JSON. Callers
+    re-raise it with the code that fits where the value came from."""
+
+    def __init__(self, message: str, *, path: str = "", syntax: bool = False) -> None:
+        super().__init__(message)
+        self.path = path
+        self.syntax = syntax
+
+
 class ServiceUnavailable(CallgateError):
     """Postgres or Redis could not be reached."""
 

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DataError
+from sqlalchemy.exc import DataError, OperationalError
 
 from store import db
 from store.errors import UnstorableValue
@@ -639,7 +639,9 @@ def _storing(attempt: Callable[[], _T]) -> _T:
     ``UnstorableValue``, since no retry can ever commit it."""
     try:
         return db.retry_transient(attempt)
-    except DataError as exc:
+    except (DataError, OperationalError) as exc:
+        if isinstance(exc, OperationalError) and db.is_transient(exc):
+            raise  # out of retries: the job fails, and the sweeper dispatches the call again
         reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else "DataError"
         raise UnstorableValue(f"PostgreSQL cannot store this result ({reason})") from exc
 

@@ -29,7 +29,9 @@ def _float(env: dict[str, str], name: str, default: float, *, minimum: float) ->
     return value
 
 
-def _int(env: dict[str, str], name: str, default: int, *, minimum: int) -> int:
+def _int(
+    env: dict[str, str], name: str, default: int, *, minimum: int, maximum: int | None = None
+) -> int:
     raw = env.get(name)
     if raw is None or raw == "":
         return default
@@ -39,7 +41,17 @@ def _int(env: dict[str, str], name: str, default: int, *, minimum: int) -> int:
         raise ConfigurationError(f"{name}={raw!r} is not a whole number") from None
     if value < minimum:
         raise ConfigurationError(f"{name}={raw!r} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigurationError(f"{name}={raw!r} must be at most {maximum}")
     return value
+
+
+# Submit's caps (see producer/validation.py). A call's arguments are stored as one jsonb
+# value, and PostgreSQL's jsonb holds at most 255 MB; a tool call anywhere near that is not
+# one, so the cap itself is capped.
+DEFAULT_MAX_CALL_BYTES = 256 * 1024
+MAX_CALL_BYTES_CEILING = 64 * 1024 * 1024
+DEFAULT_MAX_TURN_CALLS = 128
 
 
 @dataclass(frozen=True)
@@ -60,6 +72,8 @@ class Settings:
     # required) only by the processes that run or plan tools: workers and producers.
     tools: str | None = None
     allowlist: str | None = None
+    max_call_bytes: int = DEFAULT_MAX_CALL_BYTES
+    max_turn_calls: int = DEFAULT_MAX_TURN_CALLS
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Self:
@@ -85,6 +99,16 @@ class Settings:
             max_dispatches=_int(env, "CALLGATE_MAX_DISPATCHES", 10, minimum=1),
             tools=env.get("CALLGATE_TOOLS") or None,
             allowlist=env.get("CALLGATE_ALLOWLIST") or None,
+            max_call_bytes=_int(
+                env,
+                "CALLGATE_MAX_CALL_BYTES",
+                DEFAULT_MAX_CALL_BYTES,
+                minimum=64,
+                maximum=MAX_CALL_BYTES_CEILING,
+            ),
+            max_turn_calls=_int(
+                env, "CALLGATE_MAX_TURN_CALLS", DEFAULT_MAX_TURN_CALLS, minimum=1, maximum=10_000
+            ),
         )
 
     def require_database(self) -> str:

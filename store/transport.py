@@ -16,7 +16,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from store.errors import ErrorCode, ServiceUnavailable
+from store.errors import ConfigurationError, ErrorCode, ServiceUnavailable
 
 JOB_FUNCTION = "worker.jobs.run_call"
 RESULT_STREAM_TTL_SECONDS = 24 * 3600
@@ -24,7 +24,18 @@ FAILED_JOB_TTL_SECONDS = 24 * 3600
 
 
 def connect(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+    """A client for ``url`` (redis://, rediss:// or unix://). Connects lazily; a URL redis-py
+    cannot read is a ConfigurationError that names the variable, never the URL (it may hold
+    a password)."""
+    try:
+        return redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+    except ValueError as exc:
+        scheme = url.split("://", 1)[0] if "://" in url else ""
+        shown = f"scheme {scheme!r}" if scheme and scheme.isalnum() else "this URL"
+        raise ConfigurationError(
+            f"CALLGATE_REDIS_URL: redis cannot use {shown}; use redis://HOST:PORT/DB, "
+            f"rediss://… or unix://PATH ({type(exc).__name__})"
+        ) from None
 
 
 def results_stream(queue: str, turn_id: uuid.UUID | str) -> str:

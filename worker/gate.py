@@ -17,7 +17,8 @@ from jsonschema import ValidationError as SchemaError
 from jsonschema.exceptions import SchemaError as BadSchema
 from pydantic import ValidationError
 
-from store.errors import ConfigurationError, ErrorCode, ToolError
+from store import values
+from store.errors import ConfigurationError, ErrorCode, JSONValueError, ToolError
 from worker.registry import Arguments, Facts, Principal, Registry, Tool
 
 LAYERS = ("allowlist", "parse", "schema", "business", "authorization", "risk")
@@ -34,13 +35,20 @@ def check_allowed(registry: Registry, tool_name: str, roles: Iterable[str]) -> T
 
 
 def parse_arguments(raw: Mapping[str, Any] | str) -> dict[str, Any]:
-    """Step 2: arguments are a JSON object (providers send them as a string or an object)."""
+    """Step 2: arguments are a JSON object (providers send them as a string or an object).
+
+    A string is parsed strictly, as submit checks it: no NaN or Infinity, no number that
+    overflows, no key twice in one object (last-wins would pick one of two meanings), no
+    nesting past ``MAX_JSON_DEPTH``, no value PostgreSQL could not store with the result.
+    """
     if isinstance(raw, str):
         try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
+            value = values.loads(raw)
+        except JSONValueError as exc:
+            message = "arguments are not valid JSON"
             raise ToolError(
-                "arguments are not valid JSON", code=ErrorCode.INVALID_ARGUMENTS_JSON
+                message if exc.syntax else f"{message}: {exc.message}",
+                code=ErrorCode.INVALID_ARGUMENTS_JSON,
             ) from None
     else:
         value = raw

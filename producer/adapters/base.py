@@ -14,16 +14,16 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from store.errors import CallgateError, CorrelationError, ErrorCode
+from store import values
+from store.errors import CallgateError, CorrelationError, ErrorCode, JSONValueError
 from store.types import ProposedCall
 
-# Bounds on what we will walk. Provider payloads nest a few levels; anything deeper is hostile.
-MAX_JSON_DEPTH = 64
+# Bounds on what we will walk: the same as submit's (store/values.py).
+MAX_JSON_DEPTH = values.MAX_JSON_DEPTH
 # ProposedCall's own limits (store/types.py); checked here so they surface as adapter errors.
 MAX_ID_LENGTH = 200
 MAX_NAME_LENGTH = 200
-# Integers must stay printable as JSON: CPython's default digit limit is 4300 (~14,000 bits).
-MAX_INT_BITS = 4096
+MAX_INT_BITS = values.MAX_INT_BITS
 
 
 class AdapterError(CallgateError):
@@ -169,11 +169,14 @@ def arguments(raw: object, path: str, *, missing_is_empty: bool = False) -> dict
         return {}
     if isinstance(raw, str):
         try:
-            parsed = json.loads(raw, parse_constant=_reject_constant)
-        except ValueError as exc:
-            fail(ErrorCode.INVALID_ARGUMENTS_JSON, f"arguments are not valid JSON ({exc})", path)
-        except RecursionError:
-            fail(ErrorCode.INVALID_ARGUMENTS_JSON, "arguments nest too deeply to parse", path)
+            # The parse submit and the gate use: a key twice, 1e400 or NaN is refused here.
+            parsed = values.loads(raw, check_values=False)
+        except JSONValueError as exc:
+            fail(
+                ErrorCode.INVALID_ARGUMENTS_JSON,
+                f"arguments are not valid JSON ({exc.message})",
+                path,
+            )
         if not isinstance(parsed, dict):
             fail(
                 ErrorCode.INVALID_ARGUMENTS_JSON,

@@ -77,6 +77,45 @@ def test_bad_queue_name(raw: str) -> None:
     assert "CALLGATE_QUEUE" in str(info.value)
 
 
+def test_submit_limits_are_read_and_bounded() -> None:
+    s = Settings.from_env({"CALLGATE_MAX_CALL_BYTES": "1000", "CALLGATE_MAX_TURN_CALLS": "7"})
+    assert (s.max_call_bytes, s.max_turn_calls) == (1000, 7)
+    assert (Settings.from_env({}).max_call_bytes, Settings.from_env({}).max_turn_calls) == (
+        256 * 1024,
+        128,
+    )
+    for name, raw in [
+        ("CALLGATE_MAX_CALL_BYTES", "0"),
+        ("CALLGATE_MAX_CALL_BYTES", "1e9"),
+        ("CALLGATE_MAX_CALL_BYTES", str(1024**3)),
+        ("CALLGATE_MAX_TURN_CALLS", "0"),
+        ("CALLGATE_MAX_TURN_CALLS", "100000"),
+        ("CALLGATE_MAX_TURN_CALLS", "nan"),
+    ]:
+        with pytest.raises(ConfigurationError) as info:
+            Settings.from_env({name: raw})
+        assert name in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "url", ["http://x", "postgresql://127.0.0.1/x", "redis://:6379:x:y/abc", "nonsense", ""]
+)
+def test_a_redis_url_redis_cannot_use_is_a_configuration_error(url: str) -> None:
+    from store import transport
+
+    with pytest.raises(ConfigurationError) as info:
+        transport.connect(url)
+    assert "CALLGATE_REDIS_URL" in info.value.message and "\n" not in info.value.message
+
+
+def test_a_redis_url_with_a_password_is_never_echoed() -> None:
+    from store import transport
+
+    with pytest.raises(ConfigurationError) as info:
+        transport.connect("http://user:s3cret@x")
+    assert "s3cret" not in info.value.message
+
+
 def test_require_database_without_one() -> None:
     with pytest.raises(ConfigurationError) as info:
         Settings.from_env({}).require_database()

@@ -24,12 +24,15 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import cached_property
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
+from sqlalchemy.exc import DataError
 
 from store import db
 from store.errors import ConfigurationError, ErrorCode, ToolError
@@ -80,8 +83,16 @@ class NewsArgs(_Args):
     topic: str = Field(min_length=1, max_length=100)
 
 
+# Order and e-mail ids are short names: bounding their characters here keeps hostile text
+# (control or format characters, quotes, 10 KB strings) out of the downstream lookups, so it
+# ends as invalid_arguments with a path instead of reaching the database.
+RESOURCE_ID = r"^[A-Za-z0-9][A-Za-z0-9._-]*$"
+
+
 class RefundArgs(_Args):
-    order_id: str = Field(min_length=1, max_length=64, description="Order id, e.g. O-17")
+    order_id: str = Field(
+        min_length=1, max_length=64, pattern=RESOURCE_ID, description="Order id, e.g. O-17"
+    )
     amount: int = Field(gt=0, description="Amount in the currency's minor unit")
     currency: Literal["KRW", "USD", "EUR"]
 
@@ -98,7 +109,7 @@ class DeleteEmailsArgs(_Args):
 
 
 class ReadEmailArgs(_Args):
-    email_id: str = Field(min_length=1, max_length=64)
+    email_id: str = Field(min_length=1, max_length=64, pattern=RESOURCE_ID)
 
 
 # Result schemas: the fields a model may see. Anything else a downstream returns is dropped.
@@ -214,6 +225,21 @@ def _observed() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds")
 
 
+@contextmanager
+def _value_refused_as(path: str) -> Iterator[None]:
+    """A value the downstream's database refuses (a NUL, text it cannot encode) can never be
+    looked up: the model must change it. Without this the executor would report the failed
+    lookup as upstream_unavailable, which invites a retry of what can never succeed."""
+    try:
+        yield
+    except (DataError, UnicodeEncodeError):
+        raise ToolError(
+            "the downstream cannot look this value up",
+            code=ErrorCode.INVALID_ARGUMENTS,
+            details=[{"path": path, "code": "unreadable", "expected": "printable text"}],
+        ) from None
+
+
 def _permission_denied(what: str) -> ToolError:
     # The same words whatever the reason, so a refusal tells nothing about the resource.
     return ToolError(f"this account may not act on {what}", code=ErrorCode.PERMISSION_DENIED)
@@ -257,7 +283,8 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
 
     # refund_payment -------------------------------------------------------------------
     def resolve_order(args: Any, principal: Principal) -> Facts:
-        order = svc.payments.lookup_order(args.order_id)
+        with _value_refused_as("/order_id"):
+            order = svc.payments.lookup_order(args.order_id)
         if order is None:
             return Facts(state={"found": False})
         return Facts(
@@ -342,12 +369,13 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
     # delete_emails --------------------------------------------------------------------
     def resolve_mailbox(args: Any, principal: Principal) -> Facts:
         # One more than the cap, so "too many" is visible without reading them all.
-        ids = svc.mailbox.search(
-            tenant_id=principal.tenant_id,
-            account=principal.user_id,
-            query=args.query,
-            limit=BATCH_CAP + 1,
-        )
+        with _value_refused_as("/query"):
+            ids = svc.mailbox.search(
+                tenant_id=principal.tenant_id,
+                account=principal.user_id,
+                query=args.query,
+                limit=BATCH_CAP + 1,
+            )
         return Facts(
             canonical={"account": principal.user_id, "email_ids": ids},
             state={"count": len(ids)},
@@ -403,7 +431,8 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
 
     # read_email -----------------------------------------------------------------------
     def resolve_email(args: Any, principal: Principal) -> Facts:
-        email = svc.mailbox.read(args.email_id)
+        with _value_refused_as("/email_id"):
+            email = svc.mailbox.read(args.email_id)
         if email is None or email["deleted"]:
             return Facts(state={"found": False})
         return Facts(

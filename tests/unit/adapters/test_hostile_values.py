@@ -132,3 +132,21 @@ def test_a_retry_hint_too_large_to_print_is_refused(surface: str) -> None:
     result = {"status": "failed_retryable", "call_id": "c1", "tool_name": "get_weather"}
     result["error"] = error
     assert code_of(lambda: write_results(surface, [WEATHER], [result])) == "invalid_input"
+
+
+@pytest.mark.parametrize(
+    "arguments",
+    ['{"city": "Seoul", "city": "Paris"}', '{"city": 1e400}', '{"unit": -Infinity}'],
+    ids=["duplicate-key", "overflow", "infinity"],
+)
+def test_arguments_text_is_parsed_strictly(arguments: str) -> None:
+    # The same parse as submit and the gate: a key twice is not last-wins, 1e400 is not inf.
+    call = {
+        "id": "c1",
+        "type": "function",
+        "function": {"name": "get_weather", "arguments": arguments},
+    }
+    response = {"finish_reason": "tool_calls", "message": {"tool_calls": [call]}}
+    assert code_of(lambda: read_proposals("openai-chat", response, KNOWN)) == (
+        "invalid_arguments_json"
+    )
