@@ -85,6 +85,23 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
         log.warning("job for unknown call %s dropped", ref)
         return "unknown_call"
     d = _Delivery(rt, call)
+    try:
+        return _deliver(d)
+    except (ServiceUnavailable, UnstorableValue):
+        raise
+    except Exception as exc:
+        if db.is_transient(exc):
+            raise  # Postgres is down or restarting: the sweeper dispatches the call again
+        # A bug on the gate's own path (the handler's failures are handled in _run): no
+        # handler ran for this delivery. End the call now rather than fail the job and let
+        # the sweeper re-dispatch it into the same bug until it runs out of dispatches.
+        log.exception("delivery of call %s failed", call.call_id)
+        err = ToolError("callgate could not process this call", code=ErrorCode.EXECUTION_FAILED)
+        return _reject(d, err)
+
+
+def _deliver(d: _Delivery) -> str:
+    call = d.call
     if call.state in TERMINAL_STATES or call.state == "awaiting_approval":
         # A parked call has no job: approving puts it back to 'proposed' before enqueueing.
         d.trace("duplicate_delivery", state=call.state)
@@ -114,7 +131,7 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
             tool_version=tool.version,
             schema_version=tool.schema_version,
             resource=canonical,
-            scope=rt.registry.scope_of(tool.name, call.roles),
+            scope=d.rt.registry.scope_of(tool.name, call.roles),
         )
 
     if call.op_intent is not None and call.op_canonical is not None:
