@@ -1,4 +1,4 @@
-"""Loop and budget guards (SPEC §12), decided when a turn is recorded. Pure: no I/O.
+"""Loop and budget guards, decided when a turn is recorded. Pure: no I/O.
 
 - A turn may propose at most ``turn_budget`` calls, a conversation at most
   ``conversation_budget``; calls beyond either end ``budget_exceeded`` without running.

@@ -1,4 +1,4 @@
-"""Fan-in: join results to proposals by call id (SPEC §4). Pure: no I/O.
+"""Fan-in: join results to proposals by call id. Pure: no I/O.
 
 Never by array position or arrival order. A result for an unknown call, a result with
 another tool's name, or a second, different result for one call is an error; an identical

@@ -1,4 +1,4 @@
-"""How a turn's proposals are scheduled (SPEC §8). Pure: no I/O.
+"""How a turn's proposals are scheduled. Pure: no I/O.
 
 Reads run concurrently. Writes run one after another in proposal order: each write names
 the write before it, and starts only once that one is terminal.
@@ -79,7 +79,7 @@ def plan(
 
 
 def arguments_hash(arguments: Mapping[str, Any] | str) -> str:
-    """Same tool + same arguments, whatever their key order or spelling (SPEC §12)."""
+    """Same tool + same arguments, whatever their key order or spelling."""
     value: Any = arguments
     if isinstance(arguments, str):
         try:

@@ -40,7 +40,7 @@ class PlannedCall:
 
 @dataclass(frozen=True)
 class ConversationFacts:
-    """What the conversation already holds, read under its lock (SPEC §12)."""
+    """What the conversation already holds, read under its lock."""
 
     prior_calls: int
     failed: frozenset[tuple[str, str]]  # (tool_name, args_hash) of calls that failed terminally

@@ -1,4 +1,4 @@
-"""The records callgate stores and hands back (SPEC §1): proposals, context, results.
+"""The records callgate stores and hands back: proposals, context, results.
 
 Plain typed values, no I/O. A result is a discriminated union on ``status``; there is no
 ``ok: bool`` with optional fields.

@@ -1,6 +1,6 @@
 """One delivery of one call: the gate, the approval, the reservation, the handler, completion.
 
-Gate order (SPEC §3): allowlist → parse → schema → business → authorization → risk →
+Gate order: allowlist → parse → schema → business → authorization → risk →
 approval bound to the intent → operation register (intent hash) → reservation → handler
 with the idempotency key and the fence → completion. Every refusal commits the call's
 terminal result without a reservation, so no handler runs after it.
@@ -58,7 +58,7 @@ class _Delivery:
         self.rt = rt
         self.call = call
         self.verdicts: dict[str, str] = {}
-        # SPEC §10 trace fields. Never the owner token, the arguments or the raw result.
+        # The trace's fields. Never the owner token, the arguments or the raw result.
         self.audit: dict[str, Any] = {
             "request_id": call.request_id,
             "tool_call_id": call.call_id,

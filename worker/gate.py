@@ -1,4 +1,4 @@
-"""The gate's decisions over typed values (SPEC §3). No I/O: callers pass server facts in.
+"""The gate's decisions over typed values. No I/O: callers pass server facts in.
 
 Order: allowlist → arguments parse → schema → business rules → authorization → risk. Each
 layer raises a ``ToolError`` with a stable code, or returns what the next layer needs. The

@@ -1,4 +1,4 @@
-"""Idempotency keys and intent hashes (SPEC §3, §6). Pure functions, no I/O."""
+"""Idempotency keys and intent hashes. Pure functions, no I/O."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Safe results (SPEC §9): what a model may see of a tool's output. Pure: no I/O.
+"""Safe results: what a model may see of a tool's output. Pure: no I/O.
 
 A result is untrusted data. It is projected onto the tool's result schema (unknown fields
 dropped), secrets, tokens, passwords and stack traces are redacted, sizes are capped, and it

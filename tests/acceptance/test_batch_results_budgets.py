@@ -193,7 +193,7 @@ def test_budgets_and_repeated_calls_end_calls_without_running_them(service_env, 
 
 
 def test_an_unfenced_irreversible_write_is_never_taken_over(producer, stack, engine):
-    """SPEC §7: owner died in the crash gap of a write whose downstream has no key, no fence
+    """The owner died in the crash gap of a write whose downstream has no key, no fence
     and no lookup. The next owner must not run it again: the call ends
     ``reconciliation_pending`` for a person, with the one charge that happened."""
     from tests.acceptance import legacy_tools

@@ -1,4 +1,4 @@
-"""The gate (SPEC §3) through real worker processes, counted at the downstream.
+"""The gate through real worker processes, counted at the downstream.
 
 Counts are ground truth, never a returned boolean: ``downstream.requests`` rows are handler
 invocations that reached the payments provider, ``downstream.side_effects`` rows are
@@ -145,7 +145,7 @@ def final(engine: Engine, ref: str) -> dict[str, Any]:
     )
 
 
-# --- the seed's 23-row gate table (§9.1) ----------------------------------------------------
+# --- the 23-row gate table ---------------------------------------------------------
 
 
 GATE_TABLE: list[tuple[str, dict[str, bool], int]] = [
@@ -200,7 +200,7 @@ GATE_TABLE: list[tuple[str, dict[str, bool], int]] = [
 
 
 def expected_stop(d: dict[str, bool]) -> str:
-    """The first layer that refuses, in SPEC §3 order; or the outcome when none does.
+    """The first layer that refuses, in gate order; or the outcome when none does.
 
     The business rules judge only an order of the caller's own tenant: on another tenant's
     order they say nothing, and authorization refuses it, so that a refusal never tells one
@@ -278,7 +278,7 @@ def test_the_23_row_gate_table_through_real_workers(producer, stack, engine):
         assert len(approvals_of(engine, op_id)) == granted_before + created, name
 
 
-# --- the refund table (seed §3.2) ------------------------------------------------------------
+# --- the refund table -----------------------------------------------------------------------
 
 
 def test_refund_table_each_row_stops_at_its_layer(producer, stack, engine):
@@ -395,7 +395,7 @@ def producer_env(producer: Producer) -> dict[str, str]:
     }
 
 
-# --- the seed's four refund counterexamples (§3.4) -------------------------------------------
+# --- four refund counterexamples ------------------------------------------------------------
 
 
 def test_counterexample_amount_as_string_never_reaches_the_provider(producer, stack, engine):
