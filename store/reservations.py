@@ -152,6 +152,19 @@ WITH locked AS (
        FOR UPDATE
 )"""
 
+# Every call a reservation of the operation started (the one that completes it, and any
+# whose owner died in a crash gap): they all ran under the operation's intent.
+FINISH_STARTED = """), finished AS (
+    UPDATE callgate.calls AS c
+       SET state = :status,
+           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+                    || CAST(:body AS jsonb),
+           completed_at = now()
+      FROM op
+     WHERE c.operation_id = op.operation_id AND c.state = 'started'
+    RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
+)"""
+
 COMPLETE_SQL = (
     LOCK_CALLS
     + """, op AS (
@@ -169,18 +182,8 @@ COMPLETE_SQL = (
        AND generation = :generation
        AND (SELECT count(*) FROM locked) >= 0  -- the calls are locked before this row
     RETURNING operation_id
-), finished AS (
-    -- Every call a reservation of this operation started (this one, and any whose owner
-    -- died in a crash gap): they all ran under this intent.
-    UPDATE callgate.calls AS c
-       SET state = :status,
-           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
-                    || CAST(:body AS jsonb),
-           completed_at = now()
-      FROM op
-     WHERE c.operation_id = op.operation_id AND c.state = 'started'
-    RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
-)"""
+"""
+    + FINISH_STARTED
     + OPERATION_TAIL
     + ", (SELECT count(*) FROM op) AS won"
 )
@@ -267,16 +270,8 @@ CONCLUDE_SQL = (
        AND generation = :generation
        AND (SELECT count(*) FROM locked) >= 0  -- the calls are locked before this row
     RETURNING operation_id
-), finished AS (
-    UPDATE callgate.calls AS c
-       SET state = 'failed_terminal',
-           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
-                    || CAST(:body AS jsonb),
-           completed_at = now()
-      FROM op
-     WHERE c.operation_id = op.operation_id AND c.state = 'started'
-    RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
-)"""
+"""
+    + FINISH_STARTED
     + OPERATION_TAIL
     + ", (SELECT count(*) FROM op) AS won"
 )
@@ -597,6 +592,7 @@ def conclude(
         {
             "operation_id": operation_id,
             "generation": generation,
+            "status": "failed_terminal",
             "body": result_body("failed_terminal", error),
             "event": event,
             "detail": json.dumps(detail or {}),

@@ -17,6 +17,7 @@ from ops.stack import Stack, wait_for_workers
 from producer import Producer
 from store import db, transport
 from store.settings import Settings
+from store.types import Turn
 from tests.acceptance import legacy_tools
 from tests.acceptance.conftest import SUPPORT_A, wait_until
 from tests.acceptance.processes import PrivateRedis, private_redis, terminate_backends
@@ -94,20 +95,22 @@ def test_chaos_leaves_every_call_terminal_and_every_write_applied_at_most_once(
         for i in range(TURNS):
             turns.append(producer.submit(_turn(i), {**SUPPORT_A, "request_id": f"chaos-{i}"}))
             if i % 4 == 3 and faults:
-                _inject(faults.pop(0), stack, engine, private_redis, rng)
+                _inject(faults.pop(0), stack, engine, private_redis, rng, turns)
         while faults:
-            _inject(faults.pop(0), stack, engine, private_redis, rng)
+            _inject(faults.pop(0), stack, engine, private_redis, rng, turns)
 
         def all_terminal() -> bool:
             with engine.connect() as conn:
                 open_calls = conn.execute(
                     text(
-                        "SELECT count(*) FROM callgate.calls"
-                        " WHERE state NOT IN ('succeeded', 'failed_retryable', 'failed_terminal')"
-                    )
+                        "SELECT count(*) FROM callgate.calls WHERE turn_id = ANY(:turns)"
+                        " AND state NOT IN ('succeeded', 'failed_retryable', 'failed_terminal')"
+                    ),
+                    {"turns": ids},
                 ).scalar()
             return open_calls == 0
 
+        ids = [uuid.UUID(t.turn_id) for t in turns]
         wait_until(all_terminal, timeout=90, what="every call to end")
         for turn in turns:
             collected = producer.collect(turn.turn_id, timeout=30)
@@ -115,35 +118,47 @@ def test_chaos_leaves_every_call_terminal_and_every_write_applied_at_most_once(
     finally:
         stack.stop()
 
+    # Only this test's turns: the database is shared by the test session.
+    mine = {"turns": ids}
     with engine.connect() as conn:
         per_call = conn.execute(
             text(
                 "SELECT c.id, count(o.id) AS n FROM callgate.calls c"
-                " LEFT JOIN callgate.outbox o ON o.call_ref = c.id GROUP BY c.id"
-            )
+                " LEFT JOIN callgate.outbox o ON o.call_ref = c.id"
+                " WHERE c.turn_id = ANY(:turns) GROUP BY c.id"
+            ),
+            mine,
         ).all()
         twice = conn.execute(
             text(
-                "SELECT idempotency_key, resource_id, count(*) FROM downstream.side_effects"
-                " GROUP BY idempotency_key, resource_id HAVING count(*) > 1"
-            )
+                "SELECT s.idempotency_key, s.resource_id, count(*)"
+                " FROM downstream.side_effects s"
+                " JOIN callgate.operations o ON o.idempotency_key = s.idempotency_key"
+                " JOIN callgate.calls c USING (operation_id)"
+                " WHERE c.turn_id = ANY(:turns)"
+                " GROUP BY s.idempotency_key, s.resource_id HAVING count(*) > 1"
+            ),
+            mine,
         ).all()
         outcomes = dict(
             conn.execute(
                 text(
                     "SELECT c.tool_name || ':' || coalesce(c.result #>> '{error,code}', c.state),"
-                    " count(*) FROM callgate.calls c GROUP BY 1"
-                )
+                    " count(*) FROM callgate.calls c WHERE c.turn_id = ANY(:turns) GROUP BY 1"
+                ),
+                mine,
             ).all()
         )
         succeeded_without_effect = conn.execute(
             text(
                 "SELECT c.call_id FROM callgate.calls c"
                 " JOIN callgate.operations o USING (operation_id)"
-                " WHERE c.kind = 'write' AND c.state = 'succeeded' AND NOT EXISTS"
+                " WHERE c.turn_id = ANY(:turns)"
+                " AND c.kind = 'write' AND c.state = 'succeeded' AND NOT EXISTS"
                 " (SELECT 1 FROM downstream.side_effects s"
                 "   WHERE s.idempotency_key = o.idempotency_key)"
-            )
+            ),
+            mine,
         ).all()
         refunded = conn.execute(
             text("SELECT refunded FROM downstream.payments WHERE order_id = 'O-17'")
@@ -158,10 +173,17 @@ def test_chaos_leaves_every_call_terminal_and_every_write_applied_at_most_once(
 
 
 def _inject(
-    fault: str, stack: Stack, engine: Engine, redis_server: PrivateRedis, rng: random.Random
+    fault: str,
+    stack: Stack,
+    engine: Engine,
+    redis_server: PrivateRedis,
+    rng: random.Random,
+    turns: list[Turn],
 ) -> None:
     if fault == "gap_then_flush":
-        in_gap = wait_until(lambda: _crash_gap(engine), timeout=10, what="a write in its gap")
+        in_gap = wait_until(
+            lambda: _crash_gap(engine, turns), timeout=10, what="a write in its gap"
+        )
         workers = _workers(stack)
         for name in workers:
             stack.signal(name, signal.SIGKILL)
@@ -186,17 +208,19 @@ def _workers(stack: Stack) -> list[str]:
     return [n for n, p in stack.procs.items() if n.startswith("worker") and p.poll() is None]
 
 
-def _crash_gap(engine: Engine) -> list[tuple[object, int]]:
+def _crash_gap(engine: Engine, turns: list[Turn]) -> list[tuple[object, int]]:
     """Writes whose downstream effect landed while their call is still open."""
     with engine.connect() as conn:
         rows = conn.execute(
             text(
                 "SELECT c.id, c.dispatches FROM callgate.calls c"
                 " JOIN callgate.operations o USING (operation_id)"
-                " WHERE c.kind = 'write' AND c.state = 'started' AND EXISTS"
+                " WHERE c.turn_id = ANY(:turns)"
+                " AND c.kind = 'write' AND c.state = 'started' AND EXISTS"
                 " (SELECT 1 FROM downstream.side_effects s"
                 "   WHERE s.idempotency_key = o.idempotency_key)"
-            )
+            ),
+            {"turns": [uuid.UUID(t.turn_id) for t in turns]},
         ).all()
     return [(r.id, r.dispatches) for r in rows]
 
