@@ -7,6 +7,7 @@ Every option has a ``CALLGATE_…`` environment variable. Expected errors print 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ import click
 from store import db, values
 from store import migrate as migrations
 from store.errors import CallgateError, ErrorCode, InputError, JSONValueError
-from store.settings import Settings
+from store.settings import MAX_WORKER_CONCURRENCY, Settings
 
 EXIT_ERROR = 2
 
@@ -95,15 +96,26 @@ def _migrate(settings: Settings, *, demo_downstream: bool, reset_demo: bool) -> 
 @cli.command("worker")
 @click.option("--burst", is_flag=True, help="Exit once the queue is empty.")
 @click.option("--name", default=None, help="Worker name shown by RQ.")
-def worker_cmd(burst: bool, name: str | None) -> None:
+@click.option(
+    "--concurrency",
+    type=click.IntRange(1, MAX_WORKER_CONCURRENCY),
+    default=None,
+    help="Calls this process runs at once (env CALLGATE_WORKER_CONCURRENCY, default 8).",
+)
+def worker_cmd(burst: bool, name: str | None, concurrency: int | None) -> None:
     """Run one worker process on CALLGATE_QUEUE (start several to scale out).
 
-    Runs the tools of the registry CALLGATE_TOOLS names (module:attribute; required).
+    Runs the tools of the registry CALLGATE_TOOLS names (module:attribute; required), up to
+    --concurrency calls at once. SIGTERM stops taking calls and waits for those in flight
+    (CALLGATE_WORKER_GRACE_SECONDS).
     """
     from worker import process
 
+    settings = _settings()
+    if concurrency is not None:
+        settings = dataclasses.replace(settings, worker_concurrency=concurrency)
     with _quiet_interrupt():
-        process.run(_settings(), burst=burst, name=name)
+        process.run(settings, burst=burst, name=name)
 
 
 @cli.command("relayer")

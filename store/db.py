@@ -38,7 +38,7 @@ def create(url: str, *, pool_size: int = 2, application_name: str = "callgate") 
     return create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
-        max_overflow=4,
+        max_overflow=max(4, pool_size),
         # No pre-ping: it would cost a round trip per checkout on the hot path. A connection
         # broken by a Postgres restart fails its statement and is discarded; the job is
         # re-run by the sweeper.

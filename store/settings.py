@@ -52,6 +52,8 @@ def _int(
 DEFAULT_MAX_CALL_BYTES = 256 * 1024
 MAX_CALL_BYTES_CEILING = 64 * 1024 * 1024
 DEFAULT_MAX_TURN_CALLS = 128
+# Each call in flight holds a thread and up to two Postgres connections.
+MAX_WORKER_CONCURRENCY = 256
 
 
 @dataclass(frozen=True)
@@ -68,6 +70,8 @@ class Settings:
     turn_call_budget: int = 32
     conversation_call_budget: int = 256
     max_dispatches: int = 10
+    worker_concurrency: int = 8
+    worker_grace_seconds: float = 30.0
     # ``module:attribute`` of the tool registry and the allowlist override; loaded (and
     # required) only by the processes that run or plan tools: workers and producers.
     tools: str | None = None
@@ -97,6 +101,10 @@ class Settings:
             turn_call_budget=_int(env, "CALLGATE_TURN_CALL_BUDGET", 32, minimum=1),
             conversation_call_budget=_int(env, "CALLGATE_CONVERSATION_CALL_BUDGET", 256, minimum=1),
             max_dispatches=_int(env, "CALLGATE_MAX_DISPATCHES", 10, minimum=1),
+            worker_concurrency=_int(
+                env, "CALLGATE_WORKER_CONCURRENCY", 8, minimum=1, maximum=MAX_WORKER_CONCURRENCY
+            ),
+            worker_grace_seconds=_float(env, "CALLGATE_WORKER_GRACE_SECONDS", 30.0, minimum=0),
             tools=env.get("CALLGATE_TOOLS") or None,
             allowlist=env.get("CALLGATE_ALLOWLIST") or None,
             max_call_bytes=_int(

@@ -39,7 +39,7 @@ from store.errors import (
 )
 from store.turns import RAW_ARGUMENTS
 from store.types import TERMINAL_STATES
-from worker import gate, results
+from worker import aio, gate, results
 from worker.heartbeat import Heartbeat
 from worker.intent import idempotency_key, intent_hash
 from worker.registry import Arguments, ExecutionContext, Facts, Principal, Tool
@@ -272,7 +272,13 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
     lease = reservations.Lease(call.operation_id, owner, reserved.generation, intent)
     started = time.monotonic()
     detail = dict(d.audit)
-    with Heartbeat(rt.engine, lease, rt.settings.lease_seconds, reserved_at=sent) as heartbeat:
+    with Heartbeat(
+        rt.engine,
+        lease,
+        rt.settings.lease_seconds,
+        reserved_at=sent,
+        max_seconds=rt.settings.job_timeout_seconds,
+    ) as heartbeat:
         ctx = ExecutionContext(
             tenant_id=call.tenant_id,
             user_id=call.user_id,
@@ -537,7 +543,8 @@ def _run_handler(
         ),
         reraise=True,
     )
-    return retrying(tool.handler, args, ctx)
+    result: dict[str, Any] = retrying(aio.call, tool.handler, args, ctx)
+    return result
 
 
 def _finish(rt: Runtime, finished: reservations.Finished) -> None:

@@ -31,6 +31,7 @@ class Heartbeat:
         lease_seconds: float,
         *,
         reserved_at: float | None = None,
+        max_seconds: float | None = None,
     ) -> None:
         self.engine = engine
         self.lease = lease
@@ -41,6 +42,10 @@ class Heartbeat:
         # from a moment no earlier than this, so this estimate never outlives it.
         start = time.monotonic() if reserved_at is None else reserved_at
         self._valid_until = start + lease_seconds
+        # A handler may hold its lease this long (the job timeout); then the lease is let go,
+        # and the call is taken over as if this worker had died: a hung handler cannot keep
+        # its call open forever.
+        self._give_up_at = None if max_seconds is None else start + max_seconds
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
 
@@ -59,6 +64,13 @@ class Heartbeat:
         interval = self.lease_seconds / 3
         while not self._stop.wait(interval):
             sent = time.monotonic()
+            if self._give_up_at is not None and sent >= self._give_up_at:
+                log.warning(
+                    "operation %s: handler ran past the job timeout; its lease is let go",
+                    self.lease.operation_id,
+                )
+                self.lost.set()
+                return
             try:
                 with db.autocommit(self.engine) as conn:
                     if not reservations.renew(conn, self.lease, self.lease_seconds):

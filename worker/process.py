@@ -1,20 +1,24 @@
-"""A worker process: one RQ ``SimpleWorker`` consuming callgate's queue.
+"""A worker process: callgate's consumer on its RQ queue, running up to K calls at once.
 
-SimpleWorker runs jobs in its own process: no fork per job (RQ's forking worker costs ~4× in
-throughput here and leaves an orphan child running when only the parent is killed), one
-PID for metrics. A SIGKILLed worker's job is not re-run by RQ; callgate's sweeper re-issues
-it once the operation's lease expires.
+One process, many calls in flight (``CALLGATE_WORKER_CONCURRENCY``): LLM tools mostly wait
+on I/O, so threads (and one event loop for ``async def`` handlers) overlap that waiting
+without a process per call. SIGTERM stops taking calls and lets those in flight finish
+within ``CALLGATE_WORKER_GRACE_SECONDS``; a SIGKILLed worker's calls are re-issued by the
+sweeper once their leases expire.
 """
 
 from __future__ import annotations
 
-from rq import SimpleWorker
-from rq.serializers import JSONSerializer
+import signal
+import threading
+from types import FrameType
+
 from sqlalchemy import text
 
 from store import db, transport
 from store.settings import Settings
 from worker import runtime
+from worker.consumer import Consumer
 
 
 def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> None:
@@ -26,5 +30,18 @@ def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> 
     with transport.translate_errors("worker start"):
         rt.redis.ping()
     runtime.install(rt)
-    worker = SimpleWorker([rt.queue], connection=rt.redis, serializer=JSONSerializer, name=name)
-    worker.work(burst=burst, logging_level="WARNING")
+    consumer = Consumer(
+        rt,
+        concurrency=settings.worker_concurrency,
+        name=name,
+        burst=burst,
+        grace_seconds=settings.worker_grace_seconds,
+    )
+    if threading.current_thread() is threading.main_thread():
+
+        def on_term(signum: int, frame: FrameType | None) -> None:
+            consumer.stop()
+
+        signal.signal(signal.SIGTERM, on_term)
+    with transport.translate_errors("worker"):
+        consumer.run()

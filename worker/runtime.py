@@ -26,7 +26,12 @@ class Runtime:
         connection = transport.connect(settings.require_redis())
         return cls(
             settings=settings,
-            engine=db.create(settings.require_database(), application_name="callgate-worker"),
+            # Each call in flight runs its statements and its heartbeat on its own connection.
+            engine=db.create(
+                settings.require_database(),
+                pool_size=settings.worker_concurrency + 2,
+                application_name="callgate-worker",
+            ),
             redis=connection,
             queue=transport.job_queue(connection, settings.queue),
             registry=tool_registry.from_settings(settings),

@@ -3,13 +3,16 @@
 - ``charge_legacy``: irreversible, not idempotent; its downstream takes no idempotency key,
   no fencing token and has no status lookup (the last row of the takeover table). With
   ``CALLGATE_TEST_LEGACY_RESPONSE_TIMEOUT=1`` the charge commits and then the response times
-  out for real (a statement timeout on the downstream's reply), as a client timeout would.
+  out for real (a statement timeout on the downstream's reply), as a client timeout would;
+  with ``CALLGATE_TEST_LEGACY_RECEIPT=1`` it fetches a receipt after the charge, which fails
+  with the driver's own exception if the gateway connection was cut.
 - ``charge_fenced``: the same, but its downstream rejects a smaller fencing token than one it
   has seen for the key. Fencing alone cannot tell that an older generation already applied.
 - ``charge_lookup``: like ``charge_legacy``, but its gateway can be asked by key whether a
   charge went through: a status lookup that settles a crash gap.
 - ``echo_text``: a read whose downstream answers with a NUL character (Postgres text cannot
   hold it).
+- ``echo_later``: a read whose handler is ``async def`` and awaits a sleep.
 - ``crash_worker``: a read whose handler SIGKILLs its own worker process, every time (a
   poison call: an OOM kill, a segfault in a C extension).
 
@@ -19,6 +22,7 @@ Workers load it with ``CALLGATE_TOOLS=tests.acceptance.legacy_tools:registry``;
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import os
 import signal
@@ -97,6 +101,11 @@ def registry() -> Registry:
         record("legacy", ctx, fenced=False)
         await_response()
         svc.pause("charge_legacy", 1)
+        if os.environ.get("CALLGATE_TEST_LEGACY_RECEIPT") == "1":
+            # Fetch a receipt on the gateway's connection: if that connection was cut meanwhile,
+            # the driver raises its own error (not a ToolError) after the charge applied.
+            with svc.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
         return {"charged": args.amount}
 
     def charge_fenced(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
@@ -124,6 +133,10 @@ def registry() -> Registry:
 
     def echo_text(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
         return {"text": args.text + "\x00", "note": "ends in NUL"}
+
+    async def echo_later(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
+        await asyncio.sleep(float(os.environ.get("CALLGATE_TEST_ASYNC_SECONDS", "0.3")))
+        return {"text": args.text, "note": "async"}
 
     def crash_worker(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
         os.kill(os.getpid(), signal.SIGKILL)
@@ -164,6 +177,14 @@ def registry() -> Registry:
             EchoArgs,
             "read",
             echo_text,
+            effect=READ_ONLY,
+        ),
+        Tool(
+            "echo_later",
+            "Echo a text after a while, from an async handler.",
+            EchoArgs,
+            "read",
+            echo_later,
             effect=READ_ONLY,
         ),
         Tool(

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator
 
 import pytest
 import redis
 from sqlalchemy import Engine, text
 
 from producer.planning import plan
-from store import approvals, reservations, sweeper, transport, turns
+from store import approvals, db, migrate, reservations, sweeper, transport, turns
 from store.errors import InputError
 from store.types import CallContext, ProposedCall
 from worker.demo.tools import demo_registry
@@ -52,9 +53,19 @@ def test_an_operation_id_of_another_tenant_or_tool_is_refused_and_nothing_is_rec
     turns.record(engine, A, [_planned(A, first.operation_id)])
 
 
+@pytest.fixture
+def own_engine(make_database: Callable[[], str]) -> Iterator[Engine]:
+    """A database of this test's own: a sweep reads every open call in its database."""
+    eng = db.create(make_database(), pool_size=4)
+    migrate.upgrade(eng)
+    yield eng
+    eng.dispose()
+
+
 def test_the_sweeper_resumes_a_call_parked_on_a_request_decided_meanwhile(
-    engine: Engine, redis_url: str, queue_name: str
+    own_engine: Engine, redis_url: str, queue_name: str
 ) -> None:
+    engine = own_engine
     p = _planned(A)
     turn_id, _ = turns.record(engine, A, [p])
     settled = approvals.settle(

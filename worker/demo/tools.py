@@ -181,7 +181,11 @@ class DemoServices:
     @cached_property
     def engine(self) -> Engine:
         # Its own engine: the downstream commits independently of the worker's transactions.
-        return db.create(self.settings.downstream_url(), application_name="callgate-downstream")
+        return db.create(
+            self.settings.downstream_url(),
+            pool_size=self.settings.worker_concurrency + 1,
+            application_name="callgate-downstream",
+        )
 
     @cached_property
     def delays(self) -> demo_delays.Delays:

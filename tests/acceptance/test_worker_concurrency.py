@@ -1,0 +1,139 @@
+"""Many calls in flight in one worker process, each with its own lease, fence and
+completion: they overlap (read from their trace timestamps), a SIGKILL loses none and
+duplicates no side effect, SIGTERM drains, and sync and async handlers both run."""
+
+from __future__ import annotations
+
+import signal
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from producer import Producer
+from tests.acceptance.conftest import SUPPORT_A, effects_for, requests_for, wait_until
+from tests.acceptance.private_stack import (
+    env,
+    key_of,
+    make_producer,
+    start,
+    worker_without_delay,
+)
+from tests.acceptance.processes import private_redis
+
+__all__ = ["env", "make_producer", "private_redis", "start"]  # fixtures, for pytest
+
+K = 8
+
+
+def _submit_each(producer: Producer, tool: str, args: list[dict[str, Any]]) -> list[Any]:
+    """One turn per call, so writes are not ordered behind each other."""
+    turns = []
+    for i, a in enumerate(args):
+        turns.append(
+            producer.submit([{"call_id": f"c{i}", "tool_name": tool, "arguments": a}], SUPPORT_A)
+        )
+    return turns
+
+
+def _intervals(engine: Engine, refs: list[str]) -> list[tuple[Any, Any]]:
+    """Each call's [reserved, completed] interval, from the trace's own timestamps."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT call_ref, min(at) FILTER (WHERE event IN ('reserved', 'takeover')) AS s,"
+                " max(at) FILTER (WHERE event = 'completed') AS e"
+                " FROM callgate.trace_events WHERE call_ref = ANY(:refs) GROUP BY call_ref"
+            ),
+            {"refs": refs},
+        ).all()
+    return [(r.s, r.e) for r in rows]
+
+
+def _all_succeeded(producer: Producer, turns: list[Any]) -> None:
+    for turn in turns:
+        collected = producer.collect(turn.turn_id, timeout=30)
+        assert collected.complete, collected.pending
+        assert [r.status for r in collected.results] == ["succeeded"]
+
+
+def _refs(turns: list[Any]) -> list[str]:
+    return [t.calls[0].ref for t in turns]
+
+
+def test_one_worker_runs_k_calls_at_once(start, make_producer, engine):
+    start(workers=1, CALLGATE_WORKER_CONCURRENCY=str(K), CALLGATE_DEMO_DELAY_MS="get_stock=700")
+    producer = make_producer()
+    turns = _submit_each(producer, "get_stock", [{"symbol": f"S{i}"} for i in range(K)])
+    _all_succeeded(producer, turns)
+    intervals = _intervals(engine, _refs(turns))
+    assert len(intervals) == K
+    # All K were running at one moment: the last to start started before the first ended.
+    assert max(s for s, _ in intervals) < min(e for _, e in intervals)
+
+
+def test_sync_and_async_handlers_both_run_and_overlap(start, make_producer, engine):
+    start(workers=1, CALLGATE_WORKER_CONCURRENCY=str(K), CALLGATE_TEST_ASYNC_SECONDS="0.7")
+    producer = make_producer()
+    async_turns = _submit_each(producer, "echo_later", [{"text": f"t{i}"} for i in range(K)])
+    sync_turns = _submit_each(producer, "echo_text", [{"text": "plain"}])
+    _all_succeeded(producer, async_turns + sync_turns)
+    collected = producer.collect(async_turns[0].turn_id, timeout=5)
+    assert collected.results[0].data["content"] == {"text": "t0", "note": "async"}
+    intervals = _intervals(engine, _refs(async_turns))
+    assert max(s for s, _ in intervals) < min(e for _, e in intervals)
+
+
+def test_sigkill_with_k_writes_in_flight_loses_none_and_duplicates_none(
+    start, make_producer, engine
+):
+    s = start(
+        workers=1,
+        CALLGATE_WORKER_CONCURRENCY=str(K),
+        CALLGATE_DEMO_DELAY_MS="send_email=0:60000",  # each stalls after its write
+    )
+    producer = make_producer()
+    turns = _submit_each(
+        producer, "send_email", [{"to": f"u{i}@x.test", "template": "hi"} for i in range(K)]
+    )
+    keys = [key_of(engine, t.calls[0].operation_id) for t in turns]
+    wait_until(lambda: all(effects_for(engine, k) == 1 for k in keys), what=f"{K} writes in flight")
+    s.signal("worker-1", signal.SIGKILL)
+    s.procs["worker-1"].wait()
+    worker_without_delay(s, "worker-2", CALLGATE_WORKER_CONCURRENCY=str(K))
+
+    _all_succeeded(producer, turns)
+    assert [effects_for(engine, k) for k in keys] == [1] * K
+    assert [requests_for(engine, k) for k in keys] == [2] * K  # sent twice, applied once
+
+
+def test_sigterm_finishes_the_calls_in_flight_and_takes_no_more(start, make_producer, engine):
+    s = start(
+        workers=1,
+        CALLGATE_WORKER_CONCURRENCY="4",
+        CALLGATE_DEMO_DELAY_MS="get_stock=1500",
+        CALLGATE_LEASE_SECONDS="30",
+    )
+    producer = make_producer()
+    first = _submit_each(producer, "get_stock", [{"symbol": f"S{i}"} for i in range(4)])
+    wait_until(lambda: len(_started(engine, _refs(first))) == 4, what="4 calls in flight")
+    s.signal("worker-1", signal.SIGTERM)
+    later = _submit_each(producer, "get_stock", [{"symbol": "LATE"}])
+    assert s.procs["worker-1"].wait(timeout=20) == 0
+    _all_succeeded(producer, first)
+    assert _started(engine, _refs(later)) == []  # the draining worker took no new call
+    worker_without_delay(s, "worker-2")
+    _all_succeeded(producer, later)
+
+
+def _started(engine: Engine, refs: list[str]) -> list[str]:
+    with engine.connect() as conn:
+        return [
+            str(r[0])
+            for r in conn.execute(
+                text(
+                    "SELECT DISTINCT call_ref FROM callgate.trace_events"
+                    " WHERE call_ref = ANY(:refs) AND event IN ('reserved', 'takeover')"
+                ),
+                {"refs": refs},
+            )
+        ]
