@@ -8,21 +8,19 @@ import os
 import random
 import signal
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 from sqlalchemy import Engine, text
 
 from ops.stack import Stack, wait_for_workers
 from producer import Producer
-from store import db, transport
-from store.settings import Settings
 from store.types import Turn
-from tests.acceptance import legacy_tools
 from tests.acceptance.conftest import SUPPORT_A, wait_until
+from tests.acceptance.private_stack import env, make_producer
 from tests.acceptance.processes import PrivateRedis, private_redis, terminate_backends
 
-__all__ = ["private_redis"]  # the fixture, re-exported for pytest
+__all__ = ["env", "make_producer", "private_redis"]  # fixtures, for pytest
 
 WORKERS = 3
 TURNS = 24
@@ -46,33 +44,12 @@ def _turn(i: int) -> list[dict[str, object]]:
     ]
 
 
-@pytest.fixture
-def env(database_url: str, private_redis: PrivateRedis, queue_name: str) -> dict[str, str]:
-    return {
-        "CALLGATE_DATABASE_URL": database_url,
-        "CALLGATE_REDIS_URL": private_redis.url,
-        "CALLGATE_QUEUE": queue_name,
-        "CALLGATE_TOOLS": "tests.acceptance.legacy_tools:registry",
-        "CALLGATE_LEASE_SECONDS": "1",
-        "CALLGATE_SWEEP_SECONDS": "0.2",
-        "CALLGATE_STALE_SECONDS": "1",
-        "CALLGATE_DEMO_DELAY_MS": (
-            "refund_payment=0:400,send_email=0:400,charge_legacy=0:400,get_stock=50"
-        ),
-    }
+DELAYS = "refund_payment=0:400,send_email=0:400,charge_legacy=0:400,get_stock=50"
 
 
 @pytest.fixture
-def producer(env: dict[str, str]) -> Iterator[Producer]:
-    settings = Settings.from_env(env)
-    p = Producer(
-        settings=settings,
-        engine=db.create(settings.require_database()),
-        redis_connection=transport.connect(settings.require_redis()),
-        registry=legacy_tools.registry(),
-    )
-    yield p
-    p.close()
+def producer(make_producer: Callable[..., Producer]) -> Producer:
+    return make_producer()
 
 
 def test_chaos_leaves_every_call_terminal_and_every_write_applied_at_most_once(
@@ -83,7 +60,7 @@ def test_chaos_leaves_every_call_terminal_and_every_write_applied_at_most_once(
     fresh_payments: None,
 ) -> None:
     rng = random.Random(int(os.environ.get("CALLGATE_CHAOS_SEED", "8")))
-    stack = Stack(env=env, workers=WORKERS)
+    stack = Stack(env={**env, "CALLGATE_DEMO_DELAY_MS": DELAYS}, workers=WORKERS)
     stack.__enter__()
     try:
         wait_for_workers(private_redis.url, env["CALLGATE_QUEUE"], WORKERS)
