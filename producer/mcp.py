@@ -1,4 +1,4 @@
-"""MCP ``tools/call`` responses as correlated results (SPEC §11, seed §9.1). Pure: no I/O.
+"""MCP ``tools/call`` responses as correlated results (seed §9.1). Pure: no I/O.
 
 The application sends ``tools/call`` under a *new* JSON-RPC request id stored beside the
 provider call id. ``normalise_result`` checks the response answers that request, then keys
@@ -21,7 +21,7 @@ the outcome back to the provider call id:
 - success → ``Succeeded`` whose ``data`` is ``{"content": [...]}`` plus
   ``"structuredContent"`` when the server sent one (``data`` is an object in callgate's
   result type, while MCP content is a list). Result values are not filtered here: the
-  per-tool result schema does that (SPEC §9).
+  per-tool result schema does that.
 """
 
 from __future__ import annotations
