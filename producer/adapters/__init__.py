@@ -1,4 +1,4 @@
-"""Provider adapters: one per API surface, never one per company (SPEC §2, seed §3.5, §9.1).
+"""Provider adapters: one per API surface, never one per company (seed §3.5, §9.1).
 
 An adapter only translates. It turns a surface's response into ``ProposedCall``s, turns
 correlated results back into that surface's tool-result message, and renders tool
@@ -13,7 +13,8 @@ objects are read through their ``model_dump``).
     reply = write_results("anthropic-messages", calls, results)  # a user message
 
 Every refusal is an ``AdapterError`` whose ``code`` is a stable ``ErrorCode`` value: the
-SPEC §2 inbound codes, the SPEC §4 correlation codes, ``unsupported_surface``, and
+inbound codes listed under ``read_proposals``, the correlation codes listed under
+``write_results``, ``unsupported_surface``, and
 ``invalid_configuration``/``invalid_input`` for bad tool definitions or proposals given to
 ``tool_definitions``/``write_results``.
 """
@@ -95,12 +96,15 @@ def read_proposals(
     """The tool calls a model proposed in one ``surface`` response, in the model's order.
 
     ``response`` is the parsed JSON body (a dict), its JSON text, or the official SDK's
-    response object. A final answer with no calls gives ``[]``. Every SPEC §2 fault raises an
+    response object. A final answer with no calls gives ``[]``. Every inbound fault raises an
     ``AdapterError`` before anything is returned: ``invalid_provider_envelope``,
     ``missing_tool_calls``, ``malformed_tool_calls``, ``invalid_arguments_json``,
     ``duplicate_call_id``, ``unknown_tool`` (a name not in ``known_tools`` after the
     reverse name mapping of ``producer.adapters.names``), ``invalid_tool_call_field``.
-    Arguments come back as a parsed JSON object.
+    Arguments come back as a parsed JSON object. A response that never finished — a null
+    stop/finish reason or status, as in an SDK stream helper's snapshot of a cut-off stream
+    (``get_final_message()``, ``get_final_completion()``) or an SDK object without one — is
+    ``invalid_provider_envelope``.
     """
     adapter = _adapter(surface)
     return adapter.read(to_plain(response), frozenset(known_tools))
@@ -111,10 +115,12 @@ def read_stream(
 ) -> list[ProposedCall]:
     """The same proposals as ``read_proposals``, from a stream's chunks or events.
 
-    Supported: ``openai-chat``, ``anthropic-messages``, ``openai-responses`` and
-    ``gemini-generate-content`` (see ``producer.adapters.streaming``); other surfaces raise
-    ``unsupported_surface``. Arguments that reassemble to invalid JSON raise
-    ``invalid_arguments_json``; a stream that stops before its stop signal is refused.
+    Every surface: the SDK's raw stream events or chunks, the events of its stream helpers
+    (``chat.completions.stream()``, ``responses.stream()``, ``messages.stream()``), Gemini
+    chunks including Vertex AI's streamed arguments (``partialArgs``), and Gemini
+    Interactions events (see ``producer.adapters.streaming``). Arguments that reassemble to
+    invalid JSON raise ``invalid_arguments_json``; a stream that stops before its stop signal
+    is refused.
     """
     _adapter(surface)
     return streaming.read_stream(surface, events, frozenset(known_tools))
@@ -123,7 +129,7 @@ def read_stream(
 def write_results(surface: str, proposals: Iterable[object], results: Iterable[object]) -> Envelope:
     """The ``surface``'s own tool-result message for a turn's results.
 
-    First asserts complete correlation (SPEC §4) — each result matches exactly one proposal
+    First asserts complete correlation — each result matches exactly one proposal
     by ``call_id`` with the same ``tool_name``, every proposal has exactly one terminal
     result — and raises ``AdapterCorrelationError`` (``missing_result``, ``duplicate_result``,
     ``extra_result``, ``tool_name_mismatch``, ``non_terminal_result``) otherwise. Results

@@ -6,7 +6,10 @@ connector) are the provider's to execute and are skipped. A ``tool_use`` the mod
 inside code execution (``caller.type`` other than ``direct``) still waits for an application
 result, so it is read like any other. ``stop_reason: tool_use`` with no ``tool_use`` block is
 ``missing_tool_calls``; ``tool_use`` blocks under a stop reason that cut the message off
-(``max_tokens``, ``model_context_window_exceeded``, ``refusal``) are refused. Results go
+(``max_tokens``, ``model_context_window_exceeded``, ``refusal``) are refused, and so is a
+message whose ``stop_reason`` is null: the SDK's ``messages.stream(...).get_final_message()``
+returns one for a stream cut off mid-way, its last input already parsed from truncated JSON
+(a cut-off ``"amount": 1000`` reads as ``1``). Results go
 back as one ``user`` message; failures set ``is_error``.
 """
 
@@ -16,7 +19,7 @@ from functools import partial
 from typing import Any
 
 from producer.adapters import names
-from producer.adapters.base import arr, fail, obj, proposal, show, unique
+from producer.adapters.base import arr, fail, obj, proposal, refuse_null_reason, show, unique
 from producer.adapters.definitions import ToolSpec
 from producer.adapters.results import Result, body_text, is_error
 from store.errors import ErrorCode
@@ -53,6 +56,7 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
     if root.get("type") == "error" or root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response is an API error", "error")
     content = arr(root.get("content"), ErrorCode.INVALID_PROVIDER_ENVELOPE, "content", "content")
+    refuse_null_reason(root, ("stop_reason",), "stop_reason")
     refuse_cut_off(root.get("stop_reason"), content)
     proposals: list[ProposedCall] = []
     for index, raw in enumerate(content):

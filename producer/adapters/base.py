@@ -2,13 +2,14 @@
 
 Pure: no I/O. Provider payloads are untrusted input, so every reader narrows ``object`` to
 the shape it needs through these helpers, and every failure is an ``AdapterError`` with a
-stable SPEC §2 code. Nothing else may escape a reader (a fuzz test holds us to that).
+stable inbound code. Nothing else may escape a reader (a fuzz test holds us to that).
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, NoReturn
 
@@ -24,6 +25,9 @@ MAX_JSON_DEPTH = values.MAX_JSON_DEPTH
 MAX_ID_LENGTH = 200
 MAX_NAME_LENGTH = 200
 MAX_INT_BITS = values.MAX_INT_BITS
+# A lone UTF-16 surrogate: what "\ud83d" decodes to when its other half never came. Python
+# holds it in a str, but it is not Unicode and cannot be encoded, hashed or stored.
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class AdapterError(CallgateError):
@@ -33,7 +37,7 @@ class AdapterError(CallgateError):
 
 
 class AdapterCorrelationError(AdapterError, CorrelationError):
-    """Results do not match proposals one to one (SPEC §4), found while serialising.
+    """Results do not match proposals one to one, found while serialising.
 
     Both an ``AdapterError`` (what the adapter entry points raise) and a ``CorrelationError``
     (what fan-in raises for the same fault), so either ``except`` clause catches it.
@@ -66,6 +70,11 @@ def to_plain(value: object) -> object:
     The official SDKs (openai, anthropic, google-genai) all hand out pydantic models. We call
     their ``model_dump`` by duck typing so this package never imports an SDK. ``by_alias``
     gives the wire spelling (google-genai's models alias snake_case fields to camelCase).
+    Null fields are kept: an SDK helper's snapshot of a cut-off stream differs from a whole
+    response only by a null stop/finish reason, which dropping nulls would hide (an SDK
+    object's absent field dumps as null too). Serializer warnings are off: the SDKs' own
+    unions warn on their own objects (a ``ParsedResponse`` holding a message item), and
+    under ``-W error`` a warning would turn a valid response into a refusal.
     Text or bytes are parsed as JSON, for callers holding a raw HTTP body.
     """
     if isinstance(value, str | bytes | bytearray):
@@ -76,7 +85,7 @@ def to_plain(value: object) -> object:
     dump = getattr(value, "model_dump", None)
     if callable(dump) and not isinstance(value, type):
         try:
-            return dump(mode="json", by_alias=True, exclude_none=True)
+            return dump(mode="json", by_alias=True, warnings=False)
         except Exception as exc:  # an SDK's own serialiser failing is its envelope's fault
             raise AdapterError(
                 f"could not read the {type(value).__name__} object as JSON",
@@ -124,15 +133,39 @@ def get(root: Mapping[str, object], *keys: str) -> object:
     return None
 
 
+def refuse_null_reason(holder: Mapping[str, object], keys: tuple[str, ...], path: str) -> None:
+    """A whole response always says why it stopped; a stop/finish reason present and null says
+    it never finished.
+
+    That is what an SDK stream helper returns for a stream cut off mid-way
+    (``get_final_message()``, ``get_final_completion()``, a stream chunk), with the last call's
+    arguments truncated or later calls missing, and what an SDK object without a reason dumps
+    to. Refused, calls or not. A plain dict that leaves the field out is read as it stands.
+    """
+    present = [key for key in keys if key in holder]
+    if present and all(holder[key] is None for key in present):
+        fail(
+            ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            f"{present[0]} is null: the response never finished (a cut-off stream's snapshot"
+            " is not a response); read the stream's events or a finished response",
+            path,
+        )
+
+
 def check_json(value: object, path: str, depth: int = 0) -> None:
-    """Arguments must be plain JSON: string keys, finite numbers, bounded depth.
+    """Arguments must be plain JSON: string keys, finite numbers, bounded depth, real Unicode.
 
     A plain dict handed to us by an application can hold anything (tuples, NaN, sets); the
-    gate, the intent hash and the database all assume JSON, so refuse it here.
+    gate, the intent hash and the database all assume JSON, so refuse it here. A lone
+    surrogate (half of a character, e.g. from a stream's ``"\\ud83d"`` whose other half never
+    came) is ``invalid_arguments_json``: the text decoded, but not to Unicode.
     """
     if depth > MAX_JSON_DEPTH:
         fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "arguments nest too deeply", path)
-    if value is None or isinstance(value, bool | str):
+    if isinstance(value, str):
+        _check_text(value, path)
+        return
+    if value is None or isinstance(value, bool):
         return
     if isinstance(value, int):
         if value.bit_length() > MAX_INT_BITS:
@@ -152,9 +185,19 @@ def check_json(value: object, path: str, depth: int = 0) -> None:
         for key, item in value.items():
             if not isinstance(key, str):
                 fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "arguments hold a non-string key", path)
+            _check_text(key, path)
             check_json(item, path, depth + 1)
         return
     fail(ErrorCode.INVALID_TOOL_CALL_FIELD, "arguments hold a value that is not JSON", path)
+
+
+def _check_text(value: str, path: str) -> None:
+    if _SURROGATE.search(value):
+        fail(
+            ErrorCode.INVALID_ARGUMENTS_JSON,
+            "arguments hold a lone UTF-16 surrogate (half of a character), not Unicode text",
+            path,
+        )
 
 
 def arguments(raw: object, path: str, *, missing_is_empty: bool = False) -> dict[str, Any]:

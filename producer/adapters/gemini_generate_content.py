@@ -7,8 +7,11 @@ tool-call stop signal, but ``finishReason`` ``MALFORMED_FUNCTION_CALL``,
 ``malformed_tool_calls``. ``CONTINUATION``, ``MALFORMED_RESPONSE`` and
 ``MISSING_THOUGHT_SIGNATURE`` leave nothing to read (``invalid_provider_envelope``).
 ``functionCall`` parts are read only from a candidate that finished normally (``STOP``, or
-no reason given); under any other reason (``MAX_TOKENS``, ``SAFETY`` …) a call may be cut off
-and is refused, while a candidate without calls is still a final answer. A candidate with no
+no reason given in a plain dict); under any other reason (``MAX_TOKENS``, ``SAFETY`` …) a
+call may be cut off and is refused, while a candidate without calls is still a final answer.
+A null ``finishReason`` — every google-genai chunk of a stream but the last, or an SDK
+object without one — is refused, calls or not. Streamed pieces of a call (``partialArgs``,
+``willContinue``) are read only from a stream (``read_stream``). A candidate with no
 content parts is a final answer only when ``finishReason`` says why (safety, recitation, max
 tokens …); otherwise the envelope is refused. Exactly one candidate is read (with
 ``candidateCount > 1``, pass the response holding the one you continue with).
@@ -23,7 +26,16 @@ from functools import partial
 from typing import Any
 
 from producer.adapters import gemini_ids, names
-from producer.adapters.base import arr, fail, get, obj, proposal, show, unique
+from producer.adapters.base import (
+    arr,
+    fail,
+    get,
+    obj,
+    proposal,
+    refuse_null_reason,
+    show,
+    unique,
+)
 from producer.adapters.definitions import ToolSpec
 from producer.adapters.results import Result, body
 from store.errors import ErrorCode
@@ -65,6 +77,7 @@ def _parts(root: dict[str, object]) -> tuple[list[object] | None, str | None]:
     candidate = obj(
         candidates[0], ErrorCode.INVALID_PROVIDER_ENVELOPE, "a candidate", "candidates[0]"
     )
+    refuse_null_reason(candidate, ("finishReason", "finish_reason"), "candidates[0].finishReason")
     finish = _finish(candidate)
     content = candidate.get("content")
     parts = get(content, "parts") if isinstance(content, dict) else None
@@ -127,8 +140,15 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
         if get(call, "partialArgs", "partial_args") is not None:
             fail(
                 ErrorCode.INVALID_TOOL_CALL_FIELD,
-                "streamed partial arguments are not supported; pass the completed call",
+                "streamed partial arguments are read from the stream (read_stream), not from"
+                " one chunk",
                 f"{at}.partialArgs",
+            )
+        if get(call, "willContinue", "will_continue") is True:
+            fail(
+                ErrorCode.INVALID_PROVIDER_ENVELOPE,
+                "the function call continues in a later chunk (willContinue): read the stream",
+                f"{at}.willContinue",
             )
         call_id = call.get("id")
         if call_id is None or call_id == "":

@@ -4,8 +4,8 @@ Reads ``steps[]`` and skips every step that is not a function call (``thought``,
 ``model_output``, ``user_input``, provider-run tool steps). A call already answered by a
 ``function_result`` step in the same interaction is not proposed again. ``status:
 requires_action`` with no pending call is ``missing_tool_calls``. Only ``requires_action``
-and ``completed`` interactions (or a plain dict without ``status``) are read; any other status
-is unfinished or cut off and refused with ``invalid_provider_envelope``.
+and ``completed`` interactions (or a plain dict without ``status``) are read; any other status,
+or a null one, is unfinished or cut off and refused with ``invalid_provider_envelope``.
 
 A ``function_call`` step must carry its ``id``: the API always sends one, and the
 ``function_result`` must echo it as ``call_id``, so there is nothing to correlate a made-up
@@ -26,7 +26,7 @@ from functools import partial
 from typing import Any
 
 from producer.adapters import names
-from producer.adapters.base import arr, fail, obj, proposal, show, unique
+from producer.adapters.base import arr, fail, obj, proposal, refuse_null_reason, show, unique
 from producer.adapters.definitions import ToolSpec
 from producer.adapters.results import Result, body_text, is_error
 from store.errors import ErrorCode
@@ -50,6 +50,7 @@ def _steps(root: dict[str, object]) -> list[object]:
         )
     if root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the interaction failed", "error")
+    refuse_null_reason(root, ("status",), "status")
     status = root.get("status")
     if status is not None and status not in _READABLE:
         fail(

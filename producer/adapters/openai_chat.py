@@ -2,9 +2,12 @@
 
 Accepted envelopes: a whole completion (``{choices: [...]}`` with exactly one choice — with
 ``n > 1`` pass the choice you continue with), one choice (``{finish_reason, message}``, the
-seed's compact form), or the assistant message itself. ``finish_reason: tool_calls`` only
-says proposals are here; it never means anything ran. Tool calls under ``finish_reason``
-``length`` or ``content_filter`` were cut off and are refused (``invalid_provider_envelope``).
+seed's compact form), or the assistant message itself (which carries no finish reason, so
+nothing tells whether it was finished: prefer the completion). A ``finish_reason`` present
+and null (an SDK stream accumulator's snapshot of a cut-off stream) is refused.
+``finish_reason: tool_calls`` only says proposals are here; it never means anything ran.
+Tool calls under ``finish_reason`` ``length`` or ``content_filter`` were cut off and are
+refused (``invalid_provider_envelope``).
 
 Custom tool calls (``type: custom``, free-text ``input`` checked by a grammar, not a JSON
 Schema) are refused by name with ``invalid_tool_call_field``: callgate's gate validates
@@ -19,7 +22,7 @@ from functools import partial
 from typing import Any
 
 from producer.adapters import names
-from producer.adapters.base import arr, fail, obj, proposal, show, unique
+from producer.adapters.base import arr, fail, obj, proposal, refuse_null_reason, show, unique
 from producer.adapters.definitions import ToolSpec
 from producer.adapters.results import Result, body_text
 from store.errors import ErrorCode
@@ -65,6 +68,7 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
     if root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response is an API error", "error")
     choice, message, path = _choice(root)
+    refuse_null_reason(choice, ("finish_reason",), path.removesuffix("message") + "finish_reason")
     finish = choice.get("finish_reason")
     asked = finish == "tool_calls"
     if message.get("function_call") is not None:

@@ -12,7 +12,8 @@ the same output is not proposed again.
 Only a finished response is read: a ``status`` other than ``completed`` (``in_progress``,
 ``queued``, ``incomplete``, ``cancelled``, ``failed``) is ``invalid_provider_envelope``, so
 a background response still running is never taken for "no calls" and a truncated one never
-for a complete call list. A plain dict without ``status`` is read as it stands. A
+for a complete call list. A plain dict without ``status`` is read as it stands; a null
+``status`` (or an SDK object without one) is refused. A
 ``function_call`` item that is not ``completed`` (cut off mid-generation) is refused too.
 """
 
@@ -22,7 +23,7 @@ from functools import partial
 from typing import Any
 
 from producer.adapters import names
-from producer.adapters.base import arr, fail, obj, proposal, show, unique
+from producer.adapters.base import arr, fail, obj, proposal, refuse_null_reason, show, unique
 from producer.adapters.definitions import ToolSpec
 from producer.adapters.results import Result, body_text
 from store.errors import ErrorCode
@@ -61,6 +62,7 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
     root = obj(response, ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response", "$")
     if root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response failed", "error")
+    refuse_null_reason(root, ("status",), "status")
     status = root.get("status")
     if status is not None and status != "completed":
         # in_progress/queued (background mode) hold no calls yet, incomplete ones were cut

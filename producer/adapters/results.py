@@ -1,4 +1,4 @@
-"""Outbound: assert complete correlation (SPEC §4), then give each result one JSON body.
+"""Outbound: assert complete correlation, then give each result one JSON body.
 
 Pure: no I/O. This mirrors ``producer.fanin.correlate`` with one deliberate difference: fan-in
 drops an *identical* second copy of a result (the relayer may publish twice), while here any

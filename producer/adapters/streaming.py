@@ -8,15 +8,27 @@ cut off mid-stream must never run. So is one whose stop signal says the output w
 
 - ``openai-chat``: ``chat.completion.chunk`` deltas; ``tool_calls[].index`` joins the pieces
   of one call (name and arguments text are concatenated in arrival order; the id comes once).
+  The events of the SDK's ``chat.completions.stream()`` helper are read too: each ``chunk``
+  event's ``chunk``; the events it derives from them (``content.delta``,
+  ``tool_calls.function.arguments.done`` …) add nothing and are skipped.
 - ``anthropic-messages``: ``content_block_start`` / ``input_json_delta`` /
   ``content_block_stop``; a ``tool_use`` block's ``partial_json`` pieces are joined and parsed
   as its input (an empty buffer keeps the start event's input, ``{}`` for a no-argument tool).
 - ``openai-responses``: the terminal ``response.completed`` (or ``.incomplete``/``.failed``)
   event carries the whole response; it is read as is (so only a completed one gives calls).
-- ``gemini-generate-content``: each chunk is a partial response; function calls arrive whole,
-  so the parts of all chunks are concatenated.
-- ``gemini-interactions``: not supported (``unsupported_surface``); read the completed
-  interaction instead.
+- ``gemini-generate-content``: each chunk is a partial response; the parts of all chunks are
+  concatenated. Function calls arrive whole, except with Vertex AI's streamed arguments
+  (``partialArgs``, ``willContinue``), which are put back together first
+  (``producer.adapters.gemini_partial_args``).
+- ``gemini-interactions``: ``step.start`` / ``step.delta`` / ``step.stop`` events by
+  ``index``; a ``function_call`` step's ``arguments_delta`` pieces are joined and parsed as
+  its arguments (no pieces: the start event's arguments). The terminal
+  ``interaction.completed`` event gives the status (its ``steps``, when it carries them, are
+  read as they are). An ``error`` event, or no ``interaction.completed``, is refused.
+
+SDK stream helpers also hand out an accumulated snapshot (``get_final_message()``,
+``get_final_completion()``); for a stream cut off mid-way its stop reason is null, and
+``read_proposals`` refuses it rather than run its truncated calls.
 """
 
 from __future__ import annotations
@@ -27,10 +39,12 @@ from typing import Any
 from producer.adapters import (
     anthropic_messages,
     gemini_generate_content,
+    gemini_interactions,
     openai_chat,
     openai_responses,
 )
 from producer.adapters.base import arr, fail, get, obj, to_plain
+from producer.adapters.gemini_partial_args import PartialCalls
 from store.errors import ErrorCode
 from store.types import ProposedCall
 
@@ -60,10 +74,41 @@ def _piece(value: object, at: str) -> str:
     return value
 
 
+# Events of openai's chat.completions.stream() helper derived from the chunks it wraps in its
+# "chunk" events: reading them as well would count every piece twice.
+_CHAT_DERIVED = frozenset(
+    {
+        "content.delta",
+        "content.done",
+        "refusal.delta",
+        "refusal.done",
+        "tool_calls.function.arguments.delta",
+        "tool_calls.function.arguments.done",
+        "logprobs.content.delta",
+        "logprobs.content.done",
+        "logprobs.refusal.delta",
+        "logprobs.refusal.done",
+    }
+)
+
+
+def _chat_chunks(events: list[dict[str, object]]) -> list[tuple[int, dict[str, object]]]:
+    """(event number, chunk) for raw chunks and the helper's ``chunk`` events alike."""
+    chunks: list[tuple[int, dict[str, object]]] = []
+    for n, event in enumerate(events):
+        kind = event.get("type")
+        if kind == "chunk" and "chunk" in event:
+            chunk = event["chunk"]
+            chunks.append((n, obj(chunk, ErrorCode.INVALID_PROVIDER_ENVELOPE, "chunk", f"[{n}]")))
+        elif not (isinstance(kind, str) and kind in _CHAT_DERIVED):
+            chunks.append((n, event))
+    return chunks
+
+
 def _openai_chat(events: list[dict[str, object]]) -> dict[str, Any]:
     slots: dict[int, dict[str, Any]] = {}
     finish: object = None
-    for n, chunk in enumerate(events):
+    for n, chunk in _chat_chunks(events):
         if chunk.get("error") is not None:
             fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream carried an error", f"[{n}]")
         choices = arr(
@@ -188,6 +233,7 @@ def _openai_responses(events: list[dict[str, object]]) -> object:
 
 def _gemini(events: list[dict[str, object]]) -> dict[str, Any]:
     parts: list[object] = []
+    streamed = PartialCalls()
     finish: object = None
     for n, chunk in enumerate(events):
         if chunk.get("error") is not None:
@@ -209,13 +255,68 @@ def _gemini(events: list[dict[str, object]]) -> dict[str, Any]:
             content = obj(content, ErrorCode.INVALID_PROVIDER_ENVELOPE, "content", f"[{n}]")
             chunk_parts = get(content, "parts")
             if chunk_parts is not None:
-                parts.extend(arr(chunk_parts, ErrorCode.MALFORMED_TOOL_CALLS, "parts", f"[{n}]"))
+                items = arr(chunk_parts, ErrorCode.MALFORMED_TOOL_CALLS, "parts", f"[{n}]")
+                for index, part in enumerate(items):
+                    parts.extend(streamed.part(part, f"[{n}].content.parts[{index}]"))
         reason = get(candidate, "finishReason", "finish_reason")
         if reason is not None:
             finish = reason
     if finish is None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream ended before a finishReason")
+    streamed.finish()
     return {"candidates": [{"content": {"role": "model", "parts": parts}, "finishReason": finish}]}
+
+
+def _interactions(events: list[dict[str, object]]) -> dict[str, object]:
+    steps: dict[int, dict[str, object]] = {}
+    buffers: dict[int, list[str]] = {}
+    stopped: set[int] = set()
+    final: dict[str, object] | None = None
+    for n, event in enumerate(events):
+        at = f"[{n}]"
+        kind = event.get("event_type")
+        if kind == "error":
+            fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream carried an error", at)
+        elif kind == "step.start":
+            index = _index(event.get("index"), at)
+            if index in steps:
+                fail(ErrorCode.MALFORMED_TOOL_CALLS, "a step started twice", at)
+            steps[index] = obj(event.get("step"), ErrorCode.MALFORMED_TOOL_CALLS, "step", at)
+            buffers[index] = []
+        elif kind == "step.delta":
+            index = _index(event.get("index"), at)
+            if index not in steps or index in stopped:
+                fail(ErrorCode.MALFORMED_TOOL_CALLS, "a delta for a step that is not open", at)
+            delta = obj(event.get("delta"), ErrorCode.MALFORMED_TOOL_CALLS, "delta", at)
+            if delta.get("type") == "arguments_delta":
+                buffers[index].append(_piece(delta.get("arguments"), at))
+        elif kind == "step.stop":
+            if _index(event.get("index"), at) not in steps:
+                fail(ErrorCode.MALFORMED_TOOL_CALLS, "a stop for a step never started", at)
+            stopped.add(_index(event.get("index"), at))
+        elif kind == "interaction.completed":
+            final = obj(
+                event.get("interaction"), ErrorCode.INVALID_PROVIDER_ENVELOPE, "interaction", at
+            )
+    if final is None:
+        fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the stream ended before interaction.completed")
+    if final.get("steps") is not None:
+        return final  # the whole interaction, as the server sent it
+    whole: list[dict[str, object]] = []
+    for index in sorted(steps):
+        step = dict(steps[index])
+        if step.get("type") == "function_call":
+            if index not in stopped:
+                fail(
+                    ErrorCode.MALFORMED_TOOL_CALLS,
+                    "a function_call step never stopped",
+                    f"steps[{index}]",
+                )
+            text = "".join(buffers[index])
+            if text:
+                step["arguments"] = text  # parsed, or refused as invalid_arguments_json
+        whole.append(step)
+    return {**final, "steps": whole}
 
 
 def read_stream(surface: str, events: object, known_tools: frozenset[str]) -> list[ProposedCall]:
@@ -228,4 +329,6 @@ def read_stream(surface: str, events: object, known_tools: frozenset[str]) -> li
         return openai_responses.read(_openai_responses(_events(events)), known_tools)
     if surface == "gemini-generate-content":
         return gemini_generate_content.read(_gemini(_events(events)), known_tools)
+    if surface == "gemini-interactions":
+        return gemini_interactions.read(_interactions(_events(events)), known_tools)
     fail(ErrorCode.UNSUPPORTED_SURFACE, f"streams are not supported for {surface!r}")

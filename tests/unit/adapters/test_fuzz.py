@@ -25,6 +25,7 @@ from producer.adapters import SURFACES, AdapterError, read_proposals, read_strea
 from producer.adapters.base import show
 from store.types import ProposedCall
 
+from . import test_streams as streams_fixtures
 from .support import inbound, load
 
 KNOWN = frozenset(
@@ -85,6 +86,12 @@ KEYS = [
     "response",
     "partialArgs",
     "execution",
+    "willContinue",
+    "jsonPath",
+    "stringValue",
+    "numberValue",
+    "event_type",
+    "chunk",
 ]
 VALUES: list[object] = [
     "tool_calls",
@@ -107,6 +114,15 @@ VALUES: list[object] = [
     "input_json_delta",
     "response.completed",
     "function_result",
+    "chunk",
+    "step.start",
+    "step.delta",
+    "step.stop",
+    "arguments_delta",
+    "interaction.completed",
+    "$.city",
+    "$.a[0]",
+    True,
     "{",
     '{"a":',
     "[]",
@@ -313,6 +329,25 @@ def _bases() -> tuple[list[tuple[str, str]], list[tuple[str, str]], list[tuple[s
                 inbound("gemini-generate-content", PROPOSALS[:1]),
                 inbound("gemini-generate-content", PROPOSALS[1:]),
             ],
+        ),
+        (
+            "openai-chat",
+            streams_fixtures.chat_helper_events(streams_fixtures.interleaved_chat_stream()),
+        ),
+        (
+            "gemini-interactions",
+            streams_fixtures.interaction_events(
+                streams_fixtures.TEXT_STEP,
+                streams_fixtures.call_step(1, streams_fixtures.WEATHER, '{"ci', 'ty": "Seoul"}'),
+                streams_fixtures.call_step(2, streams_fixtures.STOCK),
+            ),
+        ),
+        (
+            "gemini-generate-content",
+            streams_fixtures.streamed(
+                [streams_fixtures.arg("$.city", True, stringValue="Se")],
+                [streams_fixtures.arg("$.city", stringValue="oul")],
+            ),
         ),
     ]
     ok = {"status": "succeeded", "data": {"t": 22}}

@@ -7,11 +7,12 @@ an application hands us, in any field a message quotes.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from producer.adapters import SURFACES, AdapterError, read_proposals, write_results
+from producer.adapters import SURFACES, AdapterError, read_proposals, read_stream, write_results
 from producer.adapters.base import show
 from producer.mcp import normalise_result
 from store.types import ProposedCall
@@ -150,3 +151,43 @@ def test_arguments_text_is_parsed_strictly(arguments: str) -> None:
     assert code_of(lambda: read_proposals("openai-chat", response, KNOWN)) == (
         "invalid_arguments_json"
     )
+
+
+# A lone UTF-16 surrogate: half of "😀" (\ud83d\ude00), e.g. a stream whose other half never
+# came. It decodes into a Python str, then breaks every encoder after the adapter.
+LONE = "\ud83d"
+
+
+@pytest.mark.parametrize("where", ["value", "key"])
+@pytest.mark.parametrize("surface", SURFACES)
+def test_lone_surrogates_in_arguments_are_invalid_json(surface: str, where: str) -> None:
+    response = inbound(surface, [WEATHER])
+    arguments = {"city": LONE} if where == "value" else {LONE: "Seoul"}
+    if surface == "openai-chat":
+        text = json.dumps(arguments)  # ASCII escapes: '{"city": "\\ud83d"}'
+        response["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"] = text
+    elif surface == "openai-responses":
+        response["output"][-1]["arguments"] = json.dumps(arguments)
+    elif surface == "anthropic-messages":
+        response["content"][-1]["input"] = arguments
+    elif surface == "gemini-generate-content":
+        response["candidates"][0]["content"]["parts"][-1]["functionCall"]["args"] = arguments
+    else:
+        response["steps"][-1]["arguments"] = arguments
+    assert code_of(lambda: read_proposals(surface, response, KNOWN)) == "invalid_arguments_json"
+
+
+def test_a_surrogate_pair_split_over_stream_pieces_is_one_character() -> None:
+    def chunk(arguments: str, finish: str | None = None, first: bool = False) -> dict[str, Any]:
+        call: dict[str, Any] = {"index": 0, "function": {"arguments": arguments}}
+        if first:
+            call = {"index": 0, "id": "c1", "function": {"name": "get_weather", **call["function"]}}
+        delta = {"tool_calls": [call]} if arguments else {}
+        return {"choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+    opening = chunk('{"city": "\\ud83d', first=True)
+    whole = [opening, chunk('\\ude00"}'), chunk("", "tool_calls")]
+    (call,) = read_stream("openai-chat", whole, KNOWN)
+    assert call.arguments == {"city": "😀"}
+    half = [opening, chunk('"}'), chunk("", "tool_calls")]
+    assert code_of(lambda: read_stream("openai-chat", half, KNOWN)) == "invalid_arguments_json"

@@ -1,4 +1,4 @@
-"""MCP result normalisation beyond the seed's cases (SPEC §11)."""
+"""MCP result normalisation beyond the seed's cases."""
 
 from __future__ import annotations
 

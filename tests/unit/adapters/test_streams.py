@@ -255,10 +255,127 @@ def test_gemini_stream_chunks_give_the_same_calls_as_the_whole_response(
     assert caught.value.code == "invalid_provider_envelope"
 
 
-def test_interactions_streams_are_not_supported() -> None:
+def chat_helper_events(chunks: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What openai's chat.completions.stream() hands out: each chunk wrapped in a "chunk"
+    event, followed by the events it derives from it."""
+    events: list[dict[str, Any]] = []
+    for raw in chunks:
+        events.append({"type": "chunk", "chunk": raw, "snapshot": {}})
+        for call in (raw["choices"] or [{}])[0].get("delta", {}).get("tool_calls", []):
+            events.append(
+                {
+                    "type": "tool_calls.function.arguments.delta",
+                    "index": call["index"],
+                    "arguments": "{}",  # what the snapshot holds so far; never read
+                    "arguments_delta": call.get("function", {}).get("arguments", ""),
+                }
+            )
+    events.append({"type": "content.done", "content": "Checking."})
+    return events
+
+
+def test_chat_stream_helper_events_read_like_the_chunks() -> None:
+    events = chat_helper_events(interleaved_chat_stream())
+    assert read_stream("openai-chat", events, KNOWN) == [WEATHER, STOCK]
     with pytest.raises(AdapterError) as caught:
-        read_stream("gemini-interactions", [], KNOWN)
-    assert caught.value.code == "unsupported_surface"
+        read_stream("openai-chat", chat_helper_events(interleaved_chat_stream()[:-2]), KNOWN)
+    assert caught.value.code == "invalid_provider_envelope"
+
+
+def interaction_events(*steps: list[dict[str, Any]], status: str = "requires_action") -> list[Any]:
+    events: list[dict[str, Any]] = [
+        {"event_type": "interaction.created", "interaction": {"id": "i1", "status": "in_progress"}}
+    ]
+    for step in steps:
+        events += step
+    events.append(
+        {"event_type": "interaction.completed", "interaction": {"id": "i1", "status": status}}
+    )
+    return events
+
+
+def call_step(index: int, call: ProposedCall, *pieces: str, stop: bool = True) -> list[Any]:
+    start = {"type": "function_call", "id": call.call_id, "name": call.tool_name}
+    start["arguments"] = {} if pieces else call.arguments
+    events: list[dict[str, Any]] = [{"event_type": "step.start", "index": index, "step": start}]
+    events += [
+        {
+            "event_type": "step.delta",
+            "index": index,
+            "delta": {"type": "arguments_delta", "arguments": piece},
+        }
+        for piece in pieces
+    ]
+    if stop:
+        events.append({"event_type": "step.stop", "index": index})
+    return events
+
+
+TEXT_STEP = [
+    {"event_type": "step.start", "index": 0, "step": {"type": "model_output"}},
+    {"event_type": "step.delta", "index": 0, "delta": {"type": "text", "text": "Checking."}},
+    {"event_type": "step.stop", "index": 0},
+]
+
+
+def test_interactions_stream_joins_argument_deltas_by_step() -> None:
+    events = interaction_events(
+        TEXT_STEP, call_step(1, WEATHER, '{"ci', 'ty": "Seoul"}'), call_step(2, STOCK)
+    )
+    assert read_stream("gemini-interactions", events, KNOWN) == [WEATHER, STOCK]
+
+
+def test_interactions_stream_reads_the_steps_of_the_completed_event_as_sent() -> None:
+    events = interaction_events(status="requires_action")
+    events[-1]["interaction"]["steps"] = inbound("gemini-interactions", [STOCK])["steps"]
+    assert read_stream("gemini-interactions", events, KNOWN) == [STOCK]
+
+
+def test_interactions_stream_of_a_final_answer_is_empty() -> None:
+    assert (
+        read_stream("gemini-interactions", interaction_events(TEXT_STEP, status="completed"), KNOWN)
+        == []
+    )
+
+
+@pytest.mark.parametrize(
+    ("events", "code"),
+    [
+        # cut before interaction.completed, even with every step stopped
+        (interaction_events(call_step(0, WEATHER))[:-1], "invalid_provider_envelope"),
+        (interaction_events(call_step(0, WEATHER, '{"city": "Se')), "invalid_arguments_json"),
+        (
+            interaction_events(call_step(0, WEATHER, '{"city": 1}', stop=False)),
+            "malformed_tool_calls",
+        ),
+        (
+            interaction_events(call_step(0, WEATHER), status="in_progress"),
+            "invalid_provider_envelope",
+        ),
+        (interaction_events(call_step(0, WEATHER), status="failed"), "invalid_provider_envelope"),
+        (interaction_events(status="requires_action"), "missing_tool_calls"),
+        (
+            interaction_events(call_step(0, WEATHER), call_step(0, STOCK)),
+            "malformed_tool_calls",
+        ),
+        (
+            interaction_events([{"event_type": "step.delta", "index": 3, "delta": {}}]),
+            "malformed_tool_calls",
+        ),
+        (
+            [
+                *interaction_events(call_step(0, WEATHER))[:-1],
+                {"event_type": "error", "error": {"code": "internal"}},
+                interaction_events()[-1],
+            ],
+            "invalid_provider_envelope",
+        ),
+    ],
+)
+def test_interactions_stream_refusals(events: list[Any], code: str) -> None:
+    with pytest.raises(AdapterError) as caught:
+        read_stream("gemini-interactions", events, KNOWN)
+    assert caught.value.code == code
 
 
 def test_streams_may_arrive_as_json_text() -> None:
@@ -266,3 +383,114 @@ def test_streams_may_arrive_as_json_text() -> None:
         WEATHER,
         STOCK,
     ]
+
+
+# --- Vertex AI's streamed function-call arguments (partialArgs, willContinue) -------------
+
+
+def vertex(*calls: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+    candidate: dict[str, Any] = {
+        "content": {"role": "model", "parts": [{"functionCall": call} for call in calls]}
+    }
+    if finish is not None:
+        candidate["finishReason"] = finish
+    return {"candidates": [candidate]}
+
+
+def arg(path: str, more: bool = False, **value: Any) -> dict[str, Any]:
+    return {"jsonPath": path, **value, **({"willContinue": True} if more else {})}
+
+
+def streamed(*pieces: list[dict[str, Any]], name: str = "get_weather") -> list[dict[str, Any]]:
+    """One streamed call: opened by name, one chunk per list of partialArgs, closed."""
+    chunks = [vertex({"name": name, "id": "c1", "willContinue": True})]
+    chunks += [vertex({"partialArgs": args, "willContinue": True}) for args in pieces]
+    return [*chunks, vertex({}, finish="STOP")]
+
+
+def test_vertex_partial_args_are_put_back_together() -> None:
+    chunks = streamed(
+        [arg("$.city", True, stringValue="Se"), arg("$.city", True, stringValue="o")],
+        [arg("$.city", stringValue="ul"), arg("$.days", numberValue=3.0)],
+        [arg("$.opts.metric", boolValue=True), arg("$['odd key']", nullValue="NULL_VALUE")],
+        [arg("$.stops[0].name", stringValue="A"), arg("$.stops[1].name", stringValue="B")],
+    )
+    (call,) = read_stream("gemini-generate-content", chunks, KNOWN)
+    assert call.call_id == "c1"
+    assert call.arguments == {
+        "city": "Seoul",
+        "days": 3,
+        "opts": {"metric": True},
+        "odd key": None,
+        "stops": [{"name": "A"}, {"name": "B"}],
+    }
+    assert isinstance(call.arguments["days"], int)
+
+
+def test_vertex_streamed_call_beside_a_whole_call_and_text() -> None:
+    chunks = [
+        vertex({"name": "get_stock", "id": "c2", "args": {"symbol": "ACME"}}),
+        *streamed([arg("$.city", stringValue="Seoul")])[:-1],
+        vertex({"willContinue": False}, finish="STOP"),
+    ]
+    assert read_stream("gemini-generate-content", chunks, KNOWN) == [STOCK, WEATHER]
+
+
+@pytest.mark.parametrize(
+    ("chunks", "code"),
+    [
+        # cut off: the call never closed (STOP came, MAX_TOKENS came, or nothing came)
+        (
+            [*streamed([arg("$.city", stringValue="Seoul")])[:-1], vertex(finish="STOP")],
+            "invalid_provider_envelope",
+        ),
+        (
+            [*streamed([arg("$.city", stringValue="Seoul")])[:-1], vertex(finish="MAX_TOKENS")],
+            "invalid_provider_envelope",
+        ),
+        (streamed([arg("$.city", stringValue="Seoul")])[:-1], "invalid_provider_envelope"),
+        # a string whose last piece never came
+        (streamed([arg("$.city", True, stringValue="Se")]), "malformed_tool_calls"),
+        (
+            streamed([arg("$.city", True, stringValue="Se"), arg("$.x", stringValue="1")]),
+            "malformed_tool_calls",
+        ),
+        (
+            streamed([arg("$.city", stringValue="A")], [arg("$.city", stringValue="B")]),
+            "malformed_tool_calls",
+        ),
+        (
+            streamed([arg("$.a", stringValue="A"), arg("$.a.b", stringValue="B")]),
+            "malformed_tool_calls",
+        ),
+        (streamed([arg("$.a[1]", stringValue="A")]), "malformed_tool_calls"),
+        (streamed([arg("$.a", numberValue=1, stringValue="A")]), "malformed_tool_calls"),
+        (streamed([arg("$.a", True, numberValue=1)]), "malformed_tool_calls"),
+        (streamed([arg("$..a", stringValue="A")]), "malformed_tool_calls"),
+        (streamed([arg("city", stringValue="A")]), "malformed_tool_calls"),
+        (streamed([arg("$.a")]), "malformed_tool_calls"),
+        # a second call opening before the first closed
+        (
+            [
+                *streamed([arg("$.city", stringValue="Seoul")])[:-1],
+                vertex({"name": "get_stock", "willContinue": True}),
+                vertex({}, finish="STOP"),
+            ],
+            "malformed_tool_calls",
+        ),
+        # the reassembled call is checked like any other
+        (streamed([arg("$.city", stringValue="Seoul")], name="drop_table"), "unknown_tool"),
+        (streamed([arg("$.city", stringValue="\ud83d")]), "invalid_arguments_json"),
+    ],
+)
+def test_vertex_partial_args_refusals(chunks: list[dict[str, Any]], code: str) -> None:
+    with pytest.raises(AdapterError) as caught:
+        read_stream("gemini-generate-content", chunks, KNOWN)
+    assert caught.value.code == code
+
+
+def test_a_piece_of_a_streamed_call_is_not_a_whole_response() -> None:
+    opening = vertex({"name": "get_weather", "willContinue": True}, finish="STOP")
+    with pytest.raises(AdapterError) as caught:
+        read_proposals("gemini-generate-content", opening, KNOWN)
+    assert caught.value.code == "invalid_provider_envelope"

@@ -282,3 +282,85 @@ def test_chat_stream_cut_off_by_length_is_refused() -> None:
     error = refused("openai-chat", events, stream=True)
     assert error.code == "invalid_provider_envelope"
     assert "cut off" in error.message
+
+
+# --- A null stop/finish reason: an SDK helper's snapshot of a cut-off stream --------------
+
+# Where each surface says why it stopped, as (path to the holder, key).
+REASONS: dict[str, tuple[tuple[str | int, ...], str]] = {
+    "openai-chat": (("choices", 0), "finish_reason"),
+    "openai-responses": ((), "status"),
+    "anthropic-messages": ((), "stop_reason"),
+    "gemini-generate-content": (("candidates", 0), "finishReason"),
+    "gemini-interactions": ((), "status"),
+}
+
+
+def with_reason(surface: str, proposals: list[ProposedCall], reason: object) -> Any:
+    response = inbound(surface, proposals)
+    holder, key = REASONS[surface]
+    node = response
+    for step in holder:
+        node = node[step]
+    if reason is _ABSENT:
+        del node[key]
+    else:
+        node[key] = reason
+    return response
+
+
+_ABSENT = object()
+
+
+@pytest.mark.parametrize("proposals", [[WEATHER, STOCK], []], ids=["calls", "no-calls"])
+@pytest.mark.parametrize("surface", list(REASONS))
+def test_a_null_stop_reason_is_refused_on_every_surface(
+    surface: str, proposals: list[ProposedCall]
+) -> None:
+    # What openai's get_final_completion() and anthropic's get_final_message() return for a
+    # stream cut off mid-way: the calls so far (the last one truncated), a null reason.
+    error = refused(surface, with_reason(surface, proposals, None))
+    assert error.code == "invalid_provider_envelope"
+    assert "null" in error.message
+
+
+@pytest.mark.parametrize("surface", list(REASONS))
+def test_a_plain_dict_without_a_stop_reason_is_read_as_it_stands(surface: str) -> None:
+    assert read_proposals(surface, with_reason(surface, [WEATHER, STOCK], _ABSENT), KNOWN) == [
+        WEATHER,
+        STOCK,
+    ]
+
+
+def test_gemini_snake_case_null_finish_reason_is_refused() -> None:
+    response = inbound("gemini-generate-content", [WEATHER])
+    candidate = response["candidates"][0]
+    del candidate["finishReason"]
+    candidate["finish_reason"] = None
+    assert refused("gemini-generate-content", response).code == "invalid_provider_envelope"
+
+
+def test_sdk_objects_without_a_stop_reason_are_refused() -> None:
+    # Read from the SDK object itself: dumping it without nulls would hide the missing reason.
+    anthropic = pytest.importorskip("anthropic.types")
+    openai = pytest.importorskip("openai.types.chat")
+    genai = pytest.importorskip("google.genai.types")
+    raw_message = {
+        **inbound("anthropic-messages", [WEATHER]),
+        "model": "claude",
+        "usage": {"input_tokens": 1, "output_tokens": 1},
+    }
+    message = anthropic.Message.model_validate(raw_message)
+    assert read_proposals("anthropic-messages", message, KNOWN) == [WEATHER]
+    message.stop_reason = None
+    assert refused("anthropic-messages", message).code == "invalid_provider_envelope"
+    raw_completion = {**inbound("openai-chat", [WEATHER]), "created": 1, "model": "gpt"}
+    completion = openai.ChatCompletion.model_validate(raw_completion)
+    assert read_proposals("openai-chat", completion, KNOWN) == [WEATHER]
+    completion.choices[0].finish_reason = None  # type: ignore[assignment]
+    assert refused("openai-chat", completion).code == "invalid_provider_envelope"
+    # a stream chunk: google-genai leaves finish_reason None on every chunk but the last
+    chunk = genai.GenerateContentResponse.model_validate(
+        with_reason("gemini-generate-content", [WEATHER], _ABSENT)
+    )
+    assert refused("gemini-generate-content", chunk).code == "invalid_provider_envelope"
