@@ -401,7 +401,7 @@ def trace_cmd(turn_or_call: str, as_json: bool) -> None:
         events = trace.events(engine, turn_or_call)
     # Details are redacted when written; again here, so no row written by an older version
     # (or by a path that forgot) is shown raw.
-    events = [{**e, "detail": redaction.redact_value(e["detail"])} for e in events]
+    events = [{**e, "detail": redaction.redact_value(e["detail"], names=False)} for e in events]
     if as_json:
         click.echo(json.dumps(events, default=str))
         return

@@ -74,7 +74,7 @@ class _Delivery:
             call_ref=self.call.ref,
             operation_id=self.call.operation_id,
             generation=detail.pop("generation", None),
-            detail=redaction.redact_value(detail),
+            detail=redaction.redact_value(detail, names=False),
         )
 
 

@@ -339,29 +339,30 @@ def redact_key(key: str, taken: Mapping[str, Any], notes: list[str]) -> str:
     return candidate
 
 
-def redact_value(value: Any, notes: list[str] | None = None, *, strip_stacks: bool = True) -> Any:
-    """Any JSON-like value with secrets redacted in keys, values and name/value pairs."""
+def redact_value(value: Any, notes: list[str] | None = None, *, names: bool = True) -> Any:
+    """Any JSON-like value with secrets redacted in keys, values and name/value pairs.
+
+    ``names=False`` for callgate's own records (trace details), whose keys are callgate's
+    names (a verdict called ``authorization``), not a tool's: only text is searched there."""
     notes = notes if notes is not None else []
     if isinstance(value, Mapping):
-        pair = secret_pair(value)
+        pair = names and secret_pair(value)
         out: dict[str, Any] = {}
         for key, item in value.items():
             name = str(key)
-            if is_secret_name(name) or (pair and name in _PAIR_VALUES):
+            if names and (is_secret_name(name) or (pair and name in _PAIR_VALUES)):
                 notes.append("secret_redacted")
                 out[redact_key(name, out, notes)] = REDACTED
             else:
-                out[redact_key(name, out, notes)] = redact_value(
-                    item, notes, strip_stacks=strip_stacks
-                )
+                out[redact_key(name, out, notes)] = redact_value(item, notes, names=names)
         return out
     if isinstance(value, list | tuple):
-        if secret_pair(value):
+        if names and secret_pair(value):
             notes.append("secret_redacted")
-            return [redact_value(value[0], notes, strip_stacks=strip_stacks), REDACTED]
-        return [redact_value(v, notes, strip_stacks=strip_stacks) for v in value]
+            return [redact_value(value[0], notes, names=names), REDACTED]
+        return [redact_value(v, notes, names=names) for v in value]
     if isinstance(value, str):
-        return redact_text(value, notes, strip_stacks=strip_stacks)
+        return redact_text(value, notes)
     return value
 
 

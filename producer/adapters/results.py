@@ -1,10 +1,10 @@
-"""Outbound: assert complete correlation (SPEC §4), then give each result one JSON body.
+"""Outbound: assert complete correlation, then give each result one JSON body.
 
 Pure: no I/O. This mirrors ``producer.fanin.correlate`` with one deliberate difference: fan-in
 drops an *identical* second copy of a result (the relayer may publish twice), while here any
 second result for a call is ``duplicate_result`` — by the time results are serialised for a
 provider they have been fanned in already, so a repeat is the caller's mistake. Checks run in
-the seed's order (§9.1): non-terminal, duplicate, extra, tool name, then missing.
+this order: non-terminal, duplicate, extra, tool name, then missing.
 """
 
 from __future__ import annotations

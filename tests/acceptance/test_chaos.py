@@ -116,11 +116,14 @@ def test_chaos_leaves_every_call_terminal_and_every_write_applied_at_most_once(
         stack.stop()
 
     with engine.connect() as conn:
+        # This run's calls only: the session's database holds earlier tests' calls too.
         per_call = conn.execute(
             text(
                 "SELECT c.id, count(o.id) AS n FROM callgate.calls c"
-                " LEFT JOIN callgate.outbox o ON o.call_ref = c.id GROUP BY c.id"
-            )
+                " LEFT JOIN callgate.outbox o ON o.call_ref = c.id"
+                " WHERE c.turn_id = ANY(:turns) GROUP BY c.id"
+            ),
+            {"turns": [uuid.UUID(t.turn_id) for t in turns]},
         ).all()
         twice = conn.execute(
             text(
@@ -143,7 +146,9 @@ def test_chaos_leaves_every_call_terminal_and_every_write_applied_at_most_once(
                 " WHERE c.kind = 'write' AND c.state = 'succeeded' AND NOT EXISTS"
                 " (SELECT 1 FROM downstream.side_effects s"
                 "   WHERE s.idempotency_key = o.idempotency_key)"
-            )
+                " AND c.turn_id = ANY(:turns)"
+            ),
+            {"turns": [uuid.UUID(t.turn_id) for t in turns]},
         ).all()
         refunded = conn.execute(
             text("SELECT refunded FROM downstream.payments WHERE order_id = 'O-17'")
