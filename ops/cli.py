@@ -36,9 +36,14 @@ def _settings() -> Settings:
 
 
 def _setup_logging(level: str) -> None:
+    from worker import redaction
+
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
+    # Every record of every callgate process (RQ's included) is redacted as it is made: a
+    # handler's exception text is tool output and may hold a password or a token.
+    redaction.install_log_redaction()
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -400,11 +405,15 @@ def collect_cmd(turn_id: str, timeout: float, provider: str | None, as_json: boo
 def trace_cmd(turn_or_call: str, as_json: bool) -> None:
     """Print the audit trace of a turn or a call (by its ref)."""
     from store import trace
+    from worker import redaction
 
     settings = _settings()
     engine = db.create(settings.require_database())
     with db.translate_errors("trace"):
         events = trace.events(engine, turn_or_call)
+    # Details are redacted when written; again here, so no row written by an older version
+    # (or by a path that forgot) is shown raw.
+    events = [{**e, "detail": redaction.redact_value(e["detail"], names=False)} for e in events]
     if as_json:
         click.echo(json.dumps(events, default=str))
         return

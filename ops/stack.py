@@ -17,13 +17,15 @@ class Stack:
     """Workers, relayer and sweeper as child processes of this one.
 
     ``env`` is passed to every child on top of this process's environment (database and
-    Redis URLs, lease length, demo delays…).
+    Redis URLs, lease length, demo delays…). With ``log_path``, every child's stderr (its
+    logs) is appended to that file instead of this process's stderr.
     """
 
     env: Mapping[str, str]
     workers: int = 2
     relayer: bool = True
     sweeper: bool = True
+    log_path: str | None = None
     procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def __enter__(self) -> Stack:
@@ -49,11 +51,17 @@ class Stack:
     def start(
         self, name: str, args: list[str], env: Mapping[str, str] | None = None
     ) -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "ops.cli", *args],
-            env={**os.environ, **self.env, **(env or {})},
-            stdin=subprocess.DEVNULL,
-        )
+        log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
+        try:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "ops.cli", *args],
+                env={**os.environ, **self.env, **(env or {})},
+                stdin=subprocess.DEVNULL,
+                stderr=log,
+            )
+        finally:
+            if log is not None:
+                log.close()  # the child holds its own descriptor
         self.procs[name] = proc
         return proc
 

@@ -19,7 +19,7 @@ from producer.planning import plan
 from store import db, transport, turns
 from store.errors import CorrelationError, ErrorCode, ServiceUnavailable
 from store.settings import Settings
-from store.types import CallContext, ProposedCall, Turn
+from store.types import TRUST_LABEL, CallContext, ProposedCall, Turn
 from worker import registry as tool_registry
 
 # How often collect() re-reads Postgres while it waits on the stream: the safety net for a
@@ -44,7 +44,7 @@ class Collected:
         return {
             "turn_id": self.turn_id,
             "complete": self.complete,
-            "results": [r.model_dump(mode="json", exclude_none=True) for r in self.results],
+            "results": [_labelled(r) for r in self.results],
             "pending": self.pending,
             "awaiting_approval": self.awaiting_approval,
         }
@@ -63,6 +63,14 @@ class Collected:
             )
         calls = [ProposedCall(call_id=c, tool_name=t, arguments={}) for c, t in self.proposals]
         return adapters.write_results(surface, calls, self.results)
+
+
+def _labelled(result: Result) -> dict[str, Any]:
+    """A result as JSON; a failure carries the trust label (a success's data has it)."""
+    doc = result.model_dump(mode="json", exclude_none=True)
+    if doc["status"] != "succeeded":
+        doc["trust"] = TRUST_LABEL
+    return doc
 
 
 class Producer:

@@ -470,7 +470,7 @@ def complete(
     op_state = {"succeeded": "succeeded", "failed_terminal": "failed"}.get(status, "pending")
     try:
         body = result_body(status, payload)
-    except ValueError as exc:  # NaN or Infinity: JSON has no such number
+    except (TypeError, ValueError) as exc:  # NaN, Infinity, bytes, a set: not JSON
         raise UnstorableValue(f"the result holds a value JSON cannot carry ({exc})") from None
     params = {
         "operation_id": lease.operation_id,

@@ -11,6 +11,9 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter
 
 TERMINAL_STATES = ("succeeded", "failed_retryable", "failed_terminal")
+# Everything a tool produced, a failure's details included, reaches a model labelled as
+# data: never an instruction, never a grant.
+TRUST_LABEL = "untrusted_tool_output"
 
 
 class _Frozen(BaseModel):

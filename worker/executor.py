@@ -39,7 +39,7 @@ from store.errors import (
 )
 from store.turns import RAW_ARGUMENTS
 from store.types import TERMINAL_STATES
-from worker import aio, gate, results
+from worker import aio, gate, redaction, results
 from worker.heartbeat import Heartbeat
 from worker.intent import idempotency_key, intent_hash
 from worker.registry import Arguments, ExecutionContext, Facts, Principal, Tool
@@ -74,7 +74,7 @@ class _Delivery:
             call_ref=self.call.ref,
             operation_id=self.call.operation_id,
             generation=detail.pop("generation", None),
-            detail=detail,
+            detail=redaction.redact_value(detail, names=False),
         )
 
 
@@ -350,8 +350,13 @@ def _succeeded(tool: Tool, raw: Mapping[str, Any], detail: dict[str, Any]) -> _O
     payload, notes = results.safe_result(tool, raw)
     if notes:
         detail["result_notes"] = notes
-    if tool.audit_field and isinstance(raw.get(tool.audit_field), list):
-        detail["resources"] = [str(r) for r in raw[tool.audit_field]]
+    if (
+        tool.audit_field
+        and isinstance(raw, Mapping)
+        and isinstance(raw.get(tool.audit_field), list)
+    ):
+        # The trace links each resource id to the call; an id is tool output like any other.
+        detail["resources"] = [redaction.redact_text(str(r)) for r in raw[tool.audit_field]]
     return _Outcome("succeeded", payload)
 
 

@@ -17,11 +17,13 @@ from sqlalchemy import text
 
 from store import db, transport
 from store.settings import Settings
-from worker import runtime
+from worker import redaction, runtime
 from worker.consumer import Consumer
 
 
 def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> None:
+    # Before anything can log: a handler's exception text is tool output (redacted).
+    redaction.install_log_redaction()
     rt = runtime.Runtime.create(settings)
     # Connect before taking jobs: a bad URL fails here, once, with a clear error, and the
     # first job does not pay for connection setup.

@@ -4,7 +4,7 @@ Pure: no I/O. This mirrors ``producer.fanin.correlate`` with one deliberate diff
 drops an *identical* second copy of a result (the relayer may publish twice), while here any
 second result for a call is ``duplicate_result`` — by the time results are serialised for a
 provider they have been fanned in already, so a repeat is the caller's mistake. Checks run in
-the seed's order (§9.1): non-terminal, duplicate, extra, tool name, then missing.
+this order: non-terminal, duplicate, extra, tool name, then missing.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from store.errors import ErrorCode
 from store.types import (
     RESULT_ADAPTER,
     TERMINAL_STATES,
+    TRUST_LABEL,
     AppError,
     FailedRetryable,
     FailedTerminal,
@@ -134,12 +135,15 @@ def error_json(error: AppError) -> dict[str, Any]:
 
 
 def body(result: Result) -> dict[str, Any]:
-    """The seed's result body (§9.1): ``{status, data}`` or ``{status, error}``."""
+    """The result body: ``{status, data}``, or ``{status, error, trust}`` for a failure.
+
+    A success's data carries its trust label already; a failure's details are tool output
+    too (a message, an expected value), so its body is labelled here, on every surface."""
     try:
         if isinstance(result, Succeeded):
             out = {"status": result.status, "data": result.model_dump(mode="json")["data"]}
         else:
-            out = {"status": result.status, "error": error_json(result.error)}
+            out = {"status": result.status, "error": error_json(result.error), "trust": TRUST_LABEL}
         # mode="json" turns NaN into null, but keeps an int too long to print (past
         # sys.get_int_max_str_digits(), in data or retry_after_ms), and pydantic refuses deep
         # nesting with a plain ValueError: check here, so Gemini's object-valued envelope is

@@ -189,6 +189,7 @@ def test_gemini_generate_content_outbound_matches_the_sdk_types() -> None:
             "code": "invalid_arguments",
             "details": [{"code": "required", "path": "/amount"}],
         },
+        "trust": "untrusted_tool_output",
     }
     (tool,) = tool_definitions("gemini-generate-content", TOOLS)
     declarations = types.Tool.model_validate(tool).function_declarations

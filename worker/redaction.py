@@ -1,0 +1,413 @@
+"""Secret detection: the one redactor behind every exit of tool output. Pure: no I/O.
+
+Results, failure details, trace details and log records all pass through here, so no path
+can skip it. Detection is Yelp's ``detect-secrets`` plugins (AWS, GitHub, GitLab, JWT, Slack,
+Stripe, OpenAI, npm, PyPI, private keys, basic-auth URLs, quoted keyword assignments and
+more) plus a Shannon-entropy check for long random tokens, run on values, on dict keys, and
+on what base64- or URL-encoded text decodes to. callgate keeps its own rules on top: key
+names that say "secret" (``pwd``, ``auth``, ``key``, ``pin``…, also as the name of a
+name/value pair), inline ``name=value`` text, headers, URL credentials, token prefixes the
+library does not know, private key blocks without an END line, and stack traces.
+
+Redaction errs toward hiding: a false positive costs a model one value, a false negative
+leaks a credential.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+from urllib.parse import unquote
+
+from detect_secrets.filters.heuristic import is_potential_uuid, is_sequential_string
+from detect_secrets.plugins.artifactory import ArtifactoryDetector
+from detect_secrets.plugins.aws import AWSKeyDetector
+from detect_secrets.plugins.azure_storage_key import AzureStorageKeyDetector
+from detect_secrets.plugins.base import BasePlugin
+from detect_secrets.plugins.basic_auth import BasicAuthDetector
+from detect_secrets.plugins.discord import DiscordBotTokenDetector
+from detect_secrets.plugins.github_token import GitHubTokenDetector
+from detect_secrets.plugins.gitlab_token import GitLabTokenDetector
+from detect_secrets.plugins.high_entropy_strings import Base64HighEntropyString
+from detect_secrets.plugins.jwt import JwtTokenDetector
+from detect_secrets.plugins.keyword import KeywordDetector
+from detect_secrets.plugins.mailchimp import MailchimpDetector
+from detect_secrets.plugins.npm import NpmDetector
+from detect_secrets.plugins.openai import OpenAIDetector
+from detect_secrets.plugins.private_key import PrivateKeyDetector
+from detect_secrets.plugins.pypi_token import PypiTokenDetector
+from detect_secrets.plugins.sendgrid import SendGridDetector
+from detect_secrets.plugins.slack import SlackDetector
+from detect_secrets.plugins.square_oauth import SquareOAuthDetector
+from detect_secrets.plugins.stripe import StripeDetector
+from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
+from detect_secrets.plugins.twilio import TwilioKeyDetector
+
+REDACTED = "[redacted]"
+STACK_REDACTED = "[stack trace redacted]"
+
+# The library's detectors that need no network and no file context. Left out: the IP
+# address detector (an address is not a credential) and the IBM/SoftLayer/Cloudant ones,
+# whose keyword patterns this module's key-name rules already cover.
+_LIBRARY: tuple[BasePlugin, ...] = (
+    ArtifactoryDetector(),
+    AWSKeyDetector(),
+    AzureStorageKeyDetector(),
+    BasicAuthDetector(),
+    DiscordBotTokenDetector(),
+    GitHubTokenDetector(),
+    GitLabTokenDetector(),
+    JwtTokenDetector(),
+    KeywordDetector(),
+    MailchimpDetector(),
+    NpmDetector(),
+    OpenAIDetector(),
+    PrivateKeyDetector(),
+    PypiTokenDetector(),
+    SendGridDetector(),
+    SlackDetector(),
+    SquareOAuthDetector(),
+    StripeDetector(),
+    TelegramBotTokenDetector(),
+    TwilioKeyDetector(),
+)
+# A match shorter than this is not replaced everywhere it occurs (it would eat words).
+_MIN_MATCH = 8
+# Random tokens: base64/URL-safe runs of 20+ characters whose Shannon entropy (bits per
+# character) is above this. Hex (UUIDs, SHA-1 commit ids) stays below 4.0 and survives;
+# random 32+ character keys sit near 5.
+_ENTROPY = Base64HighEntropyString(limit=4.5)
+_ENTROPY_LIMIT = 4.5
+_TOKEN = re.compile(r"[A-Za-z0-9+/_=-]{20,}")
+
+# --- key names ------------------------------------------------------------------------------
+
+# Searched in a name with everything but letters and digits removed ("X-Api-Key" → "xapikey").
+_SECRET_NAME = re.compile(
+    r"passw|passphrase|passcode|secret|credential|cookie|apikey|accesskey|privatekey|"
+    r"secretkey|signingkey|encryptionkey|masterkey|sessionid|sessionkey|authori[sz]ation|"
+    r"authtoken|accesstoken|refreshtoken|idtoken|csrftoken|xsrftoken|bearer|jwt|"
+    r"connectionstring|clientsecret"
+)
+# Whole words of a name ("db_pwd", "cardPin", "oauth_token").
+_SECRET_WORDS = frozenset(
+    {"pwd", "pw", "pass", "token", "auth", "oauth", "otp", "pin", "creds", "cred", "dsn", "sid"}
+)
+# "key" as the last word is a secret ("key", "access_key", "signingKey") except for these.
+_NOT_SECRET_KEYS = frozenset(
+    {
+        "primary",
+        "foreign",
+        "sort",
+        "partition",
+        "cache",
+        "idempotency",
+        "public",
+        "lookup",
+        "routing",
+        "row",
+        "shard",
+        "group",
+        "object",
+        "map",
+        "hash",
+        "unique",
+        "composite",
+        "natural",
+    }
+)
+_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+
+
+def is_secret_name(name: str) -> bool:
+    """Does a key, header or parameter called ``name`` hold a secret, whatever its value?"""
+    squashed = re.sub(r"[^a-z0-9]", "", name.lower())
+    if not squashed:
+        return False
+    if _SECRET_NAME.search(squashed) or squashed == "session":
+        return True
+    words = [w.lower() for w in _WORD.findall(name)]
+    if any(w in _SECRET_WORDS for w in words):
+        return True
+    if words and words[-1] in ("key", "keys"):
+        return len(words) == 1 or words[-2] not in _NOT_SECRET_KEYS
+    return False
+
+
+# --- text rules -----------------------------------------------------------------------------
+
+_HEADER = re.compile(
+    r"(?<![A-Za-z0-9])((?:proxy-)?authori[sz]ation|set-cookie|cookie|x-api-key|x-auth-token)"
+    r"([\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\n]*?)(?=\\n|\n|\"\s*[,}]|$)",
+    re.IGNORECASE,
+)
+# name=value, name: value, "name": "value" — redacted when the name is a secret's.
+_ASSIGNMENT = re.compile(
+    r"(?<![A-Za-z0-9])([A-Za-z_][A-Za-z0-9_.-]{0,60})([\"']?\s*(?:=>|:=|=|:)\s*)"
+    r"(\"[^\"]*\"|'[^']*'|[^\s;,&]+)"
+)
+_STACK_ASSIGNMENT = re.compile(
+    r"(?<![A-Za-z0-9])(stack(?:trace)?)(\s*[=:]\s*)[^;\n]+", re.IGNORECASE
+)
+_OWN_PATTERNS = (
+    re.compile(r"\b(Bearer|Basic|Token|Digest)\s+[A-Za-z0-9._~+/=-]{8,}", re.IGNORECASE),
+    # URL credentials: scheme://user:password@, scheme://:password@, scheme://token@
+    re.compile(r"(?<=://)[^/\s@\"']+@"),
+    re.compile(r"(?s)-----BEGIN ([A-Z0-9 ]*PRIVATE KEY(?: BLOCK)?)-----.*?(?:-----END \1-----|\Z)"),
+    re.compile(r"-----BEGIN [A-Z0-9 ]*PRIVATE KEY[A-Z ]*-----"),
+    re.compile(r"\bgithub_pat_[A-Za-z0-9_]{20,}"),
+    re.compile(r"\bgh[pousr]_[A-Za-z0-9_]{20,}"),
+    re.compile(r"\b(?:sk|pk|rk|ghp|gho)[-_][A-Za-z0-9_-]{12,}"),
+    re.compile(r"\bxox[abposr]-[A-Za-z0-9-]{10,}"),
+    re.compile(r"\bxapp-[A-Za-z0-9-]{20,}"),
+    re.compile(r"\bwhsec_[A-Za-z0-9+/=]{16,}"),
+    re.compile(r"\bAIza[A-Za-z0-9_-]{30,}"),
+    re.compile(r"\b(?:AKIA|ASIA|AGPA|AIDA|AROA|ANPA|ANVA|AIPA|ABIA|ACCA)[0-9A-Z]{16}\b"),
+    re.compile(r"https://hooks\.slack\.com/[^\s\"'<>]+"),
+    re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
+)
+# Stack traces of any runtime: the first line that looks like one starts the cut, and
+# everything after it goes (literal "\n" separators included).
+_STACK_START = re.compile(
+    r"Traceback \(most recent call last\)"
+    r"|File [\"'][^\"']+[\"'], line \d+"
+    r"|\bat (?:async )?[\w$.<>/@-]+\([^()\n]*(?:\.java|\.kt|\.scala|Native Method|Unknown Source)"
+    r"[^()\n]*\)"
+    r"|\bat (?:async )?[^\s()]+ \([^()\n]*:\d+:\d+\)"
+    r"|\bat (?:/|file:|node:)[^\s()]*:\d+:\d+"
+    r"|\bgoroutine \d+ \[[^\]\n]*\]:"
+    r"|^\s*at [\w$.<>/@-]+\([^)\n]*\)",
+    re.MULTILINE,
+)
+_BASE64 = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
+_URL_ENCODED = re.compile(r"[^\s\"']*%[0-9A-Fa-f]{2}[^\s\"']*")
+_CREDENTIAL_PAIR = re.compile(r"[^\s:]{1,64}:[^\s]{1,128}")
+
+
+def redact_text(text: str, notes: list[str] | None = None, *, strip_stacks: bool = True) -> str:
+    """``text`` with every secret replaced by ``[redacted]`` and, with ``strip_stacks``, any
+    stack trace cut. ``notes`` hears ``secret_redacted`` / ``stack_trace_redacted``."""
+    notes = notes if notes is not None else []
+    cleaned, found = _secrets(text, depth=0)
+    if found:
+        notes.append("secret_redacted")
+    if strip_stacks:
+        cleaned, cut = _strip_stack(cleaned)
+        if cut:
+            notes.append("stack_trace_redacted")
+    return cleaned
+
+
+def contains_secret(text: str) -> bool:
+    return _secrets(text, depth=0)[1]
+
+
+def _secrets(text: str, depth: int) -> tuple[str, bool]:
+    found = False
+
+    def sub(pattern: re.Pattern[str], repl: str | Callable[[re.Match[str]], str]) -> None:
+        nonlocal text, found
+        changed = pattern.sub(repl, text)
+        found = found or changed != text  # a callback may keep what it matched
+        text = changed
+
+    sub(_HEADER, rf"\1\2{REDACTED}")
+    text, n = _assignments(text)
+    found = found or n
+    sub(_STACK_ASSIGNMENT, rf"\1\2{REDACTED}")
+    for pattern in _OWN_PATTERNS:
+        if pattern.pattern.startswith(r"\b(Bearer"):
+            sub(pattern, rf"\1 {REDACTED}")
+        elif pattern.pattern.startswith("(?<=://)"):
+            sub(pattern, f"{REDACTED}@")
+        else:
+            sub(pattern, REDACTED)
+    matches = {m for plugin in _LIBRARY for m in plugin.analyze_string(text)}
+    for match in sorted((m for m in matches if len(m) >= _MIN_MATCH), key=len, reverse=True):
+        if match in text and REDACTED not in match:
+            text = text.replace(match, REDACTED)
+            found = True
+    sub(_TOKEN, _entropy)
+    if depth < 2:
+        sub(_BASE64, lambda m: _decoded(m, depth, _b64))
+        sub(_URL_ENCODED, lambda m: _decoded(m, depth, _url))
+    return text, found
+
+
+def _assignments(text: str) -> tuple[str, bool]:
+    """Redact the value of every ``name=value`` whose name is a secret's. A match whose name
+    is not resumes after its separator, so ``said: password=x`` still finds ``password``."""
+    out: list[str] = []
+    pos, found = 0, False
+    while (m := _ASSIGNMENT.search(text, pos)) is not None:
+        name, sep, _ = m.groups()
+        if is_secret_name(name):
+            out.append(text[pos : m.start()] + f"{name}{sep}{REDACTED}")
+            pos, found = m.end(), True
+        else:
+            out.append(text[pos : m.end(2)])
+            pos = m.end(2)
+    out.append(text[pos:])
+    return "".join(out), found
+
+
+def _entropy(m: re.Match[str]) -> str:
+    token = m.group()
+    if (
+        REDACTED.strip("[]") in token
+        or is_potential_uuid(token)
+        or is_sequential_string(token)
+        or _ENTROPY.calculate_shannon_entropy(token) <= _ENTROPY_LIMIT
+    ):
+        return token
+    return REDACTED
+
+
+def _b64(token: str) -> str | None:
+    if len(token) % 4 == 1:
+        return None
+    padded = token + "=" * (-len(token) % 4)
+    for decode in (base64.b64decode, base64.urlsafe_b64decode):
+        try:
+            raw = decode(padded)
+            decoded = raw.decode("utf-8")
+        except (binascii.Error, ValueError):
+            continue
+        if decoded and sum(c.isprintable() or c in "\n\r\t" for c in decoded) == len(decoded):
+            return decoded
+    return None
+
+
+def _url(token: str) -> str | None:
+    decoded = unquote(token)
+    return decoded if decoded != token else None
+
+
+def _decoded(m: re.Match[str], depth: int, decode: Callable[[str], str | None]) -> str:
+    token = m.group()
+    plain = decode(token)
+    if plain is None:
+        return token
+    _, found = _secrets(plain, depth + 1)
+    if found or _CREDENTIAL_PAIR.fullmatch(plain.strip()):
+        return REDACTED
+    return token
+
+
+def _strip_stack(text: str) -> tuple[str, bool]:
+    m = _STACK_START.search(text)
+    if m is None:
+        return text, False
+    start = m.start()
+    line = text.rfind("\n", 0, start) + 1
+    literal = text.rfind("\\n", 0, start)
+    cut = max(line, literal + 2 if literal >= 0 else 0)
+    return text[:cut] + STACK_REDACTED, True
+
+
+# --- structures -----------------------------------------------------------------------------
+
+# {"name": "Authorization", "value": "…"}: the name fields say what the value fields hold.
+_PAIR_NAMES = ("name", "key", "header", "field", "param", "parameter", "variable", "var")
+_PAIR_VALUES = ("value", "val", "values", "content", "data", "secret")
+
+
+def secret_pair(value: Mapping[str, Any] | list[Any] | tuple[Any, ...]) -> bool:
+    """Is this a name/value pair whose name is a secret's (its value must go)?"""
+    if isinstance(value, Mapping):
+        return any(isinstance(value.get(n), str) and is_secret_name(value[n]) for n in _PAIR_NAMES)
+    return len(value) == 2 and isinstance(value[0], str) and is_secret_name(value[0])
+
+
+def pair_value_keys() -> tuple[str, ...]:
+    return _PAIR_VALUES
+
+
+def redact_key(key: str, taken: Mapping[str, Any], notes: list[str]) -> str:
+    """A dict key, redacted if it is (or holds) a secret, kept unique among ``taken``."""
+    cleaned = redact_text(key, notes, strip_stacks=True)
+    if cleaned == key:
+        return key
+    n, candidate = 1, cleaned
+    while candidate in taken:
+        n += 1
+        candidate = f"{cleaned}#{n}"
+    return candidate
+
+
+def redact_value(value: Any, notes: list[str] | None = None, *, names: bool = True) -> Any:
+    """Any JSON-like value with secrets redacted in keys, values and name/value pairs.
+
+    ``names=False`` for callgate's own records (trace details), whose keys are callgate's
+    names (a verdict called ``authorization``), not a tool's: only text is searched there."""
+    notes = notes if notes is not None else []
+    if isinstance(value, Mapping):
+        pair = names and secret_pair(value)
+        out: dict[str, Any] = {}
+        for key, item in value.items():
+            name = str(key)
+            if names and (is_secret_name(name) or (pair and name in _PAIR_VALUES)):
+                notes.append("secret_redacted")
+                out[redact_key(name, out, notes)] = REDACTED
+            else:
+                out[redact_key(name, out, notes)] = redact_value(item, notes, names=names)
+        return out
+    if isinstance(value, list | tuple):
+        if names and secret_pair(value):
+            notes.append("secret_redacted")
+            return [redact_value(value[0], notes, names=names), REDACTED]
+        return [redact_value(v, notes, names=names) for v in value]
+    if isinstance(value, str):
+        return redact_text(value, notes)
+    return value
+
+
+# --- logs -----------------------------------------------------------------------------------
+
+
+class RedactingFilter(logging.Filter):
+    """Redacts a record's message, exception text and stack text in place. Frames are kept
+    (an operator needs them); secrets in the message and the exception text are not."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        redact_record(record)
+        return True
+
+
+def redact_record(record: logging.LogRecord) -> logging.LogRecord:
+    if getattr(record, "_callgate_redacted", False):
+        return record
+    try:
+        message = record.getMessage()
+    except Exception:  # a bad format string: show the template, never the arguments
+        message = str(record.msg)
+    record.msg, record.args = redact_text(message, strip_stacks=False), None
+    if record.exc_info:
+        text = logging.Formatter().formatException(record.exc_info)
+        record.exc_text, record.exc_info = redact_text(text, strip_stacks=False), None
+    elif record.exc_text:
+        record.exc_text = redact_text(record.exc_text, strip_stacks=False)
+    if record.stack_info:
+        record.stack_info = redact_text(record.stack_info, strip_stacks=False)
+    record._callgate_redacted = True
+    return record
+
+
+def install_log_redaction() -> None:
+    """Redact every log record of this process as it is created, whichever logger or
+    handler (RQ's own included) writes it. Safe to call more than once."""
+    factory = logging.getLogRecordFactory()
+    if getattr(factory, "_callgate_redacting", False):
+        return
+
+    def make(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        return redact_record(factory(*args, **kwargs))
+
+    make._callgate_redacting = True  # type: ignore[attr-defined]
+    logging.setLogRecordFactory(make)
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(RedactingFilter())
