@@ -47,7 +47,7 @@ class Bench:
         self.effects: list[dict[str, int]] = []
         self.duplicates: list[int] = []
         self.extra: dict[str, Any] = {}
-        self.seconds: dict[str, float] = {}
+        self.seconds: list[tuple[str, float]] = []  # (step, seconds) in the order run
         self.ended: list[tuple[int, int]] = []  # (calls, calls ended) of every callgate run
 
     # --- the plan -------------------------------------------------------------------------
@@ -166,7 +166,7 @@ class Bench:
                     click.echo(f"  {step.label}", err=True)
                 started = time.monotonic()
                 step.run()
-                self.seconds[step.label] = round(time.monotonic() - started, 1)
+                self.seconds.append((step.label, round(time.monotonic() - started, 1)))
         return self.summary()
 
     def summary(self) -> dict[str, Any]:
