@@ -25,7 +25,7 @@ import click
 
 from store import db, values
 from store import migrate as migrations
-from store.errors import CallgateError, ErrorCode, InputError, JSONValueError
+from store.errors import CallgateError, ConfigurationError, ErrorCode, InputError, JSONValueError
 from store.settings import MAX_WORKER_CONCURRENCY, Settings
 
 EXIT_ERROR = 2
@@ -254,6 +254,104 @@ def _service_env(settings: Settings) -> dict[str, str]:
     if settings.allowlist:
         env["CALLGATE_ALLOWLIST"] = settings.allowlist
     return env
+
+
+@cli.command("bench")
+@click.option(
+    "--quick",
+    is_flag=True,
+    envvar="CALLGATE_BENCH_QUICK",
+    help="Fewer calls, W = 1,2, one repeat: under two minutes (env CALLGATE_BENCH_QUICK).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    envvar="CALLGATE_BENCH_OUT",
+    default=Path("bench-results"),
+    show_default=True,
+    help="Folder for bench.json, bench.md and the PNG plots (env CALLGATE_BENCH_OUT).",
+)
+@click.option(
+    "--workers",
+    envvar="CALLGATE_BENCH_WORKERS",
+    default=None,
+    help="Worker counts to compare, e.g. 1,2,4 (default 1,2,4; --quick 1,2) "
+    "(env CALLGATE_BENCH_WORKERS).",
+)
+@click.option(
+    "--calls",
+    type=click.IntRange(min=20),
+    envvar="CALLGATE_BENCH_CALLS",
+    default=None,
+    help="Calls per throughput run (default 1000; --quick 60) (env CALLGATE_BENCH_CALLS).",
+)
+@click.option(
+    "--repeat",
+    type=click.IntRange(min=1),
+    envvar="CALLGATE_BENCH_REPEAT",
+    default=None,
+    help="Repeats; figures are medians (default 3; --quick 1) (env CALLGATE_BENCH_REPEAT).",
+)
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    envvar="CALLGATE_BENCH_CONCURRENCY",
+    default=32,
+    show_default=True,
+    help="Calls in flight per worker for the 100 ms tools and the memory figure, passed to "
+    "the workers as CALLGATE_WORKER_CONCURRENCY (env CALLGATE_BENCH_CONCURRENCY).",
+)
+def bench_cmd(
+    quick: bool,
+    out: Path,
+    workers: str | None,
+    calls: int | None,
+    repeat: int | None,
+    concurrency: int,
+) -> None:
+    """Measure callgate against bare RQ on CALLGATE_DATABASE_URL and CALLGATE_REDIS_URL.
+
+    No-op reads, writes and 100 ms tools with W workers beside bare RQ with the same W;
+    fan-in of three reads; the same writes delivered 3×; traffic, latency per stage and
+    memory per in-flight call. Migrates what it needs and uses queues of its own. Exits 1
+    if a correctness check inside it fails (a call that never ended, a write applied other
+    than once).
+    """
+    from ops import bench
+    from ops.bench.config import FULL, QUICK
+
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise ConfigurationError(
+            "callgate bench draws its plots with matplotlib: pip install 'callgate[bench]'"
+        ) from None
+    preset = QUICK if quick else FULL
+    config = bench.Config(
+        workers=_worker_counts(workers) if workers else preset["workers"],  # type: ignore[arg-type]
+        calls=calls or preset["calls"],  # type: ignore[arg-type]
+        repeat=repeat or preset["repeat"],  # type: ignore[arg-type]
+        concurrency=concurrency,
+        quick=quick,
+    )
+    command = " ".join(["callgate", *sys.argv[1:]])
+    try:
+        _, paths = bench.run(_settings(), config, out, command)
+    except bench.BenchError as exc:
+        click.echo(f"callgate bench: FAILED: {exc}", err=True)
+        sys.exit(1)
+    click.echo((out / "bench.md").read_text())
+    click.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
+def _worker_counts(raw: str) -> tuple[int, ...]:
+    try:
+        counts = tuple(int(part) for part in raw.split(",") if part.strip())
+    except ValueError:
+        counts = ()
+    if not counts or min(counts) < 1:
+        raise InputError(f"--workers {raw!r}: expected counts such as 1,2,4")
+    return counts
 
 
 # --- turns ---------------------------------------------------------------------------------

@@ -1,0 +1,70 @@
+"""The Postgres and Redis a bench runs against, prepared once, and each run's environment."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from functools import cached_property
+
+import redis
+from sqlalchemy import Engine
+
+from store import db, migrate, transport
+from store.settings import Settings
+from worker.demo import downstream
+from worker.demo.tools import DEMO_TOOLS
+
+
+@dataclass(frozen=True)
+class Services:
+    database_url: str
+    redis_url: str
+
+    @classmethod
+    def prepare(cls, settings: Settings) -> Services:
+        """Migrate callgate's schema and install the demo downstream (both idempotent)."""
+        services = cls(settings.require_database(), settings.require_redis())
+        migrate.upgrade(services.engine)
+        downstream.install(services.engine)
+        with transport.translate_errors("bench"):
+            services.redis.ping()
+        return services
+
+    @cached_property
+    def engine(self) -> Engine:
+        return db.create(self.database_url, application_name="callgate-bench")
+
+    @cached_property
+    def redis(self) -> redis.Redis:
+        return transport.connect(self.redis_url)
+
+    def env(self, queue: str, **extra: str) -> dict[str, str]:
+        """The environment of one run's processes: its own queue, the demo tools."""
+        return {
+            "CALLGATE_DATABASE_URL": self.database_url,
+            "CALLGATE_REDIS_URL": self.redis_url,
+            "CALLGATE_QUEUE": queue,
+            "CALLGATE_TOOLS": DEMO_TOOLS,
+            "CALLGATE_LOG_LEVEL": "WARNING",
+            **extra,
+        }
+
+    def settings(self, env: dict[str, str]) -> Settings:
+        return Settings.from_env(env)
+
+
+def queue_name(prefix: str) -> str:
+    """A queue of one run: its keys never meet another run's or another user's."""
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def delete_keys(connection: redis.Redis, pattern: str) -> None:
+    """Delete the keys matching ``pattern`` (SCAN, never KEYS or FLUSHDB: Redis is shared)."""
+    batch: list[bytes] = []
+    for key in connection.scan_iter(match=pattern, count=1000):
+        batch.append(key)
+        if len(batch) >= 500:
+            connection.delete(*batch)
+            batch.clear()
+    if batch:
+        connection.delete(*batch)
