@@ -1,8 +1,8 @@
 """Postgres and Redis traffic per call, counted in one process (``python -m ops.roundtrips``).
 
-Runs the producer, an RQ ``SimpleWorker`` with callgate's executor, the relayer and fan-in
+Runs the producer, callgate's worker consumer (one call at a time), the relayer and fan-in
 in this process against ``CALLGATE_DATABASE_URL`` / ``CALLGATE_REDIS_URL``, so every
-statement and every Redis command is counted, RQ's own bookkeeping included. The worker's
+statement and every Redis command is counted. The worker's
 start and stop (registration, maintenance) are measured on an empty queue and subtracted:
 what is left is the cost per job. Bare RQ draining the same number of no-op jobs is counted
 the same way.
@@ -26,6 +26,7 @@ from producer import Producer
 from store import db, migrate, relayer, transport
 from store.settings import Settings
 from worker import runtime
+from worker.consumer import Consumer
 from worker.demo import downstream
 from worker.demo.tools import DEMO_TOOLS, DemoServices, demo_registry
 
@@ -33,9 +34,23 @@ PHASES = ("submit", "worker", "relayer", "collect")
 CONTEXT = {"request_id": "rt", "tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
 
 
-def _burst(queue: Queue, name: str) -> float:
-    """One SimpleWorker draining ``queue`` in this process, counted under ``name``, less a
-    worker's start and stop (counted under ``name`` + ``_idle`` on an empty queue)."""
+def _burst(rt: runtime.Runtime, name: str) -> float:
+    """callgate's worker consumer draining ``rt.queue`` in this process (one call at a time),
+    counted under ``name``, less its start and stop (counted under ``name`` + ``_idle`` on
+    an empty queue)."""
+    empty = transport.job_queue(rt.redis, f"rt-empty-{uuid.uuid4().hex[:8]}")
+    with phase(f"{name}_idle"):
+        Consumer(dataclasses.replace(rt, queue=empty), concurrency=1, burst=True).run()
+    started = time.perf_counter()
+    with phase(name):
+        Consumer(rt, concurrency=1, burst=True).run()
+    for key in [k for k in COUNTS if k.startswith(f"{name}_idle:")]:
+        COUNTS[key.replace("_idle:", ":", 1)] -= COUNTS[key]
+    return (time.perf_counter() - started) * 1000
+
+
+def _rq_burst(queue: Queue, name: str) -> float:
+    """RQ's own SimpleWorker draining ``queue``, counted the same way (the baseline)."""
     empty = Queue(f"rt-empty-{uuid.uuid4().hex[:8]}", connection=queue.connection)
     with phase(f"{name}_idle"):
         SimpleWorker([empty], connection=queue.connection, serializer=JSONSerializer).work(
@@ -74,7 +89,7 @@ def measure(settings: Settings, *, calls: int, kind: str) -> dict[str, Any]:
     counting.count_postgres(services.engine, label="downstream")
     counting.count_redis()
     turns = _submit(producer, engine, calls=calls, kind=kind)
-    worker_ms = _burst(rt.queue, "worker")
+    worker_ms = _burst(rt, "worker")
     with phase("relayer"):
         relayer.drain(producer.engine, producer.redis, queue=settings.queue, batch=100)
     with phase("collect"):
@@ -124,7 +139,7 @@ def _bare_rq(connection: Any, calls: int) -> dict[str, float]:
     datas = [Queue.prepare_data("ops.bench.jobs.noop", result_ttl=0) for _ in range(calls)]
     with phase("rq_enqueue"):
         queue.enqueue_many(datas)
-    _burst(queue, "rq_worker")
+    _rq_burst(queue, "rq_worker")
     queue.delete(delete_jobs=True)
     out = counting.per_call("rq_enqueue", calls, ())
     worker = counting.per_call("rq_worker", calls, ())
