@@ -20,6 +20,10 @@ from ops.bench.config import IO_DELAY_MS, Config
 from ops.bench.procs import BenchError
 from ops.bench.services import Services
 from ops.bench.stack import running
+from store.settings import Settings
+
+# What a `callgate worker` runs at once when nothing says otherwise.
+DEFAULT_CONCURRENCY = Settings(None, None, None).worker_concurrency
 
 SCENARIOS = ("noop", "write", "io")
 BASELINE = {
@@ -77,10 +81,19 @@ class Bench:
 
         def run() -> None:
             s = self.services
+            # No-op reads and writes run at the worker's default concurrency, as users get it.
+            k = str(DEFAULT_CONCURRENCY)
             if scenario == "noop":
-                result = pipeline.burst(s, workload.reads(cfg.calls), workers=w)
+                result = pipeline.burst(
+                    s, workload.reads(cfg.calls), workers=w, CALLGATE_WORKER_CONCURRENCY=k
+                )
             elif scenario == "write":
-                result = pipeline.burst(s, workload.refunds(s.engine, cfg.calls), workers=w)
+                result = pipeline.burst(
+                    s,
+                    workload.refunds(s.engine, cfg.calls),
+                    workers=w,
+                    CALLGATE_WORKER_CONCURRENCY=k,
+                )
             else:
                 result = pipeline.burst(
                     s,
@@ -180,7 +193,9 @@ class Bench:
                 rows.append(
                     {
                         "workers": w,
-                        "concurrency": cfg.concurrency if scenario == "io" else 1,
+                        "concurrency": (
+                            cfg.concurrency if scenario == "io" else DEFAULT_CONCURRENCY
+                        ),
                         "callgate_per_s": round(cg, 1),
                         "baseline_per_s": round(rq, 1),
                         "ratio": measure.ratio(cg, rq),
