@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from producer import Producer
 from producer.planning import plan
@@ -22,6 +21,7 @@ from store import db, transport, turns
 from store.errors import CallgateError, ErrorCode
 from store.settings import Settings
 from store.types import CallContext, ProposedCall
+from tests.integration.conftest import stored
 from worker.demo.tools import demo_registry
 
 CTX: dict[str, Any] = {
@@ -38,33 +38,6 @@ REFUND_1 = {
 }
 REFUND_2 = {**REFUND_1, "call_id": "c-2", "arguments": {**REFUND_1["arguments"], "amount": 2}}
 MB = 1024 * 1024
-
-
-@pytest.fixture
-def producer(database_url: str, redis_url: str, queue_name: str) -> Iterator[Producer]:
-    settings = Settings.from_env(
-        {
-            "CALLGATE_DATABASE_URL": database_url,
-            "CALLGATE_REDIS_URL": redis_url,
-            "CALLGATE_QUEUE": queue_name,
-        }
-    )
-    p = Producer(
-        settings=settings,
-        engine=db.create(database_url),
-        redis_connection=transport.connect(redis_url),
-        registry=demo_registry(),
-    )
-    yield p
-    p.close()
-
-
-def stored(engine: Engine) -> tuple[int, int, int]:
-    with engine.connect() as conn:
-        return tuple(  # type: ignore[return-value]
-            int(conn.execute(text(f"SELECT count(*) FROM callgate.{t}")).scalar_one())
-            for t in ("turns", "calls", "operations")
-        )
 
 
 def news(arguments: Any, call_id: str = "c-1") -> dict[str, Any]:

@@ -5,46 +5,15 @@ are covered where workers run)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from hypothesis import HealthCheck, event, given, settings
 from sqlalchemy import Engine, text
 
 from producer import Producer
-from store import db, transport
 from store.errors import CallgateError, ErrorCode
-from store.settings import Settings
 from tests import hostile
-from worker.demo.tools import demo_registry
-
-
-@pytest.fixture
-def producer(database_url: str, redis_url: str, queue_name: str) -> Iterator[Producer]:
-    settings_ = Settings.from_env(
-        {
-            "CALLGATE_DATABASE_URL": database_url,
-            "CALLGATE_REDIS_URL": redis_url,
-            "CALLGATE_QUEUE": queue_name,
-        }
-    )
-    p = Producer(
-        settings=settings_,
-        engine=db.create(database_url),
-        redis_connection=transport.connect(redis_url),
-        registry=demo_registry(),
-    )
-    yield p
-    p.close()
-
-
-def stored(engine: Engine) -> tuple[int, int, int]:
-    with engine.connect() as conn:
-        return tuple(  # type: ignore[return-value]
-            int(conn.execute(text(f"SELECT count(*) FROM callgate.{t}")).scalar_one())
-            for t in ("turns", "calls", "operations")
-        )
+from tests.integration.conftest import stored
 
 
 @settings(
