@@ -15,6 +15,7 @@ know about.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -24,6 +25,8 @@ import zlib
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
@@ -76,7 +79,14 @@ class Consumer:
                 free = self._wait_for_free_slot()
                 if free == 0:
                     continue
-                refs = self._take(free)
+                try:
+                    refs = self._take(free)
+                except (RedisConnectionError, RedisTimeoutError) as exc:
+                    # Redis is down or restarting: keep the calls in flight, try again. What
+                    # Redis held meanwhile is re-dispatched from Postgres by the sweeper.
+                    log.warning("cannot reach Redis (%s); retrying", exc)
+                    self._stopping.wait(POLL_SECONDS)
+                    continue
                 if not refs:
                     if self.burst and self.in_flight == 0:
                         break
@@ -86,12 +96,14 @@ class Consumer:
                         self.in_flight += 1
                     pool.submit(self._run_one, ref)
                 if time.monotonic() >= next_heartbeat:
-                    self._registration.heartbeat()
+                    with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
+                        self._registration.heartbeat()
                     next_heartbeat = time.monotonic() + REGISTRATION_HEARTBEAT_SECONDS
         finally:
             self._drain()
             pool.shutdown(wait=False, cancel_futures=True)
-            self._registration.register_death()  # type: ignore[no-untyped-call]
+            with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
+                self._registration.register_death()  # type: ignore[no-untyped-call]
 
     def _wait_for_free_slot(self) -> int:
         with self._slots:

@@ -137,3 +137,13 @@ def _started(engine: Engine, refs: list[str]) -> list[str]:
                 {"refs": refs},
             )
         ]
+
+
+def test_a_worker_outlives_a_redis_restart(start, make_producer, engine, private_redis):
+    s = start(workers=1)
+    private_redis.kill()  # Redis is gone while the worker waits for calls
+    private_redis.start()  # back, empty
+    producer = make_producer()
+    (turn,) = _submit_each(producer, "get_stock", [{"symbol": "AFTER"}])
+    _all_succeeded(producer, [turn])
+    assert s.procs["worker-1"].poll() is None  # the same worker took it, still running
