@@ -13,9 +13,9 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from producer.planning import rechain
-from store.errors import ErrorCode
-from store.turns import ConversationFacts, PlannedCall
+from callgate.producer.planning import rechain
+from callgate.store.errors import ErrorCode
+from callgate.store.turns import ConversationFacts, PlannedCall
 
 
 def apply_budgets(

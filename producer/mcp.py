@@ -16,7 +16,7 @@ the outcome back to the provider call id:
   arguments in a *new* call), ``upstream_unavailable`` retryable with
   ``structuredContent.retryAfterMs``, anything else ``mcp_tool_execution_failed`` terminal.
   The text content becomes ``mcp_tool_detail`` details with secrets and stack traces
-  redacted (``worker.results.redact_text``, the redactor safe results use) and each message
+  redacted (``callgate.worker.results.redact_text``, the redactor safe results use) and each message
   capped;
 - success → ``Succeeded`` whose ``data`` is ``{"content": [...]}`` plus
   ``"structuredContent"`` when the server sent one (``data`` is an object in callgate's
@@ -29,10 +29,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from producer.adapters.base import AdapterError, show, to_plain
-from store.errors import ErrorCode
-from store.types import AppError, FailedRetryable, FailedTerminal, SafeErrorDetail, Succeeded
-from worker.results import redact_text
+from callgate.producer.adapters.base import AdapterError, show, to_plain
+from callgate.store.errors import ErrorCode
+from callgate.store.types import (
+    AppError,
+    FailedRetryable,
+    FailedTerminal,
+    SafeErrorDetail,
+    Succeeded,
+)
+from callgate.worker.results import redact_text
 
 INVALID_PARAMS = -32602
 DETAIL_CODE = "mcp_tool_detail"

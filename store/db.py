@@ -12,7 +12,7 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, IntegrityError, OperationalError
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from store.errors import ConfigurationError, InputError, ServiceUnavailable
+from callgate.store.errors import ConfigurationError, InputError, ServiceUnavailable
 
 _T = TypeVar("_T")
 

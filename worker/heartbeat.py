@@ -8,7 +8,7 @@ import time
 
 from sqlalchemy import Engine
 
-from store import db, reservations
+from callgate.store import db, reservations
 
 log = logging.getLogger("callgate.worker")
 

@@ -8,9 +8,9 @@ import redis
 from rq import Queue
 from sqlalchemy import Engine
 
-from store import db, transport
-from store.settings import Settings
-from worker import registry as tool_registry
+from callgate.store import db, transport
+from callgate.store.settings import Settings
+from callgate.worker import registry as tool_registry
 
 
 @dataclass(frozen=True)

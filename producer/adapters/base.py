@@ -15,9 +15,9 @@ from typing import Any, NoReturn
 
 from pydantic import ValidationError
 
-from store import values
-from store.errors import CallgateError, CorrelationError, ErrorCode, JSONValueError
-from store.types import ProposedCall
+from callgate.store import values
+from callgate.store.errors import CallgateError, CorrelationError, ErrorCode, JSONValueError
+from callgate.store.types import ProposedCall
 
 # Bounds on what we will walk: the same as submit's (store/values.py).
 MAX_JSON_DEPTH = values.MAX_JSON_DEPTH

@@ -11,8 +11,8 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 
-from store import db, migrate
-from store.schema import SCHEMA, metadata
+from callgate.store import db, migrate
+from callgate.store.schema import SCHEMA, metadata
 
 pytestmark = pytest.mark.services
 

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from producer.budgets import apply_budgets
-from producer.planning import arguments_hash, plan
-from store.errors import ConfigurationError, ErrorCode, ToolError
-from store.turns import ConversationFacts
-from store.types import CallContext, ProposedCall
-from worker import gate
-from worker.demo.tools import demo_registry
-from worker.registry import ResultLimits, Tool, from_env, load_allowlist
-from worker.results import TRUST_LABEL, redact_text, safe_error, safe_result
+from callgate.producer.budgets import apply_budgets
+from callgate.producer.planning import arguments_hash, plan
+from callgate.store.errors import ConfigurationError, ErrorCode, ToolError
+from callgate.store.turns import ConversationFacts
+from callgate.store.types import CallContext, ProposedCall
+from callgate.worker import gate
+from callgate.worker.demo.tools import demo_registry
+from callgate.worker.registry import ResultLimits, Tool, from_env, load_allowlist
+from callgate.worker.results import TRUST_LABEL, redact_text, safe_error, safe_result
 
-DEMO = {"CALLGATE_TOOLS": "worker.demo.tools:demo_registry"}
+DEMO = {"CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry"}
 
 WEATHER_SCHEMA: dict[str, Any] = {
     "type": "object",

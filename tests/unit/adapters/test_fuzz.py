@@ -21,9 +21,15 @@ from typing import Any
 
 import pytest
 
-from producer.adapters import SURFACES, AdapterError, read_proposals, read_stream, write_results
-from producer.adapters.base import show
-from store.types import ProposedCall
+from callgate.producer.adapters import (
+    SURFACES,
+    AdapterError,
+    read_proposals,
+    read_stream,
+    write_results,
+)
+from callgate.producer.adapters.base import show
+from callgate.store.types import ProposedCall
 
 from . import test_streams as streams_fixtures
 from .support import inbound, load

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from producer.adapters import AdapterError
-from producer.mcp import normalise_result, sanitise
-from store.types import FailedRetryable, FailedTerminal, Succeeded
+from callgate.producer.adapters import AdapterError
+from callgate.producer.mcp import normalise_result, sanitise
+from callgate.store.types import FailedRetryable, FailedTerminal, Succeeded
 
 Result = Succeeded | FailedRetryable | FailedTerminal
 

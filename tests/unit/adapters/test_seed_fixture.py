@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 
-from producer.adapters import SURFACES, AdapterError, read_proposals, write_results
-from producer.mcp import normalise_result
-from store.errors import CorrelationError
-from store.types import FailedRetryable, FailedTerminal, ProposedCall, Succeeded
+from callgate.producer.adapters import SURFACES, AdapterError, read_proposals, write_results
+from callgate.producer.mcp import normalise_result
+from callgate.store.errors import CorrelationError
+from callgate.store.types import FailedRetryable, FailedTerminal, ProposedCall, Succeeded
 
 from .support import id_status
 
