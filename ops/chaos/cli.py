@@ -9,13 +9,17 @@ from __future__ import annotations
 import json
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from callgate.store.errors import CallgateError, InputError
 from callgate.store.settings import Settings
+
+if TYPE_CHECKING:
+    from callgate.ops.chaos.scenario import Scenario
 
 EXIT_VIOLATION = 1
 EXIT_ERROR = 2
@@ -131,16 +135,10 @@ def chaos_command(
             ]
         else:
             results = []
-            with click.progressbar(
-                chosen,
-                label="chaos",
-                file=sys.stderr,
-                item_show_func=lambda s: s.name if s is not None else "",
-            ) as bar:
-                for sc in bar:
-                    results.append(
-                        runner.run_scenario(sc, svc, seed=seed, workers=workers, log_dir=log_dir)
-                    )
+            for sc in _progress(chosen):
+                results.append(
+                    runner.run_scenario(sc, svc, seed=seed, workers=workers, log_dir=log_dir)
+                )
     extra: dict[str, Any] = {"logs": str(log_dir)}
     if as_json:
         click.echo(json.dumps(report.as_json(results, seed=seed, extra=extra), indent=2))
@@ -149,6 +147,22 @@ def chaos_command(
         click.echo(f"seed {seed}; process logs in {log_dir}")
     if any(r.failed for r in results):
         sys.exit(EXIT_VIOLATION)
+
+
+def _progress(chosen: list[Scenario]) -> Iterator[Scenario]:
+    """A progress bar on a terminal; one line per scenario on stderr otherwise."""
+    if sys.stderr.isatty():
+        with click.progressbar(
+            chosen,
+            label="chaos",
+            file=sys.stderr,
+            item_show_func=lambda s: s.name if s is not None else "",
+        ) as bar:
+            yield from bar
+        return
+    for i, sc in enumerate(chosen, 1):
+        click.echo(f"chaos [{i}/{len(chosen)}] {sc.name}", err=True)
+        yield sc
 
 
 def main(argv: list[str] | None = None) -> None:

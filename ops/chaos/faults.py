@@ -23,6 +23,8 @@ from callgate.store import approvals, transport
 CONTROL_APP = "callgate-chaos"
 APPROVER = "chaos-approver"
 POLL = 0.02
+# Points that watch one call of the workload (the fault's `tool`, its `call`-th).
+CALL_POINTS = ("started", "crash_gap", "completed", "parked")
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ def target(live: Live, fault: PlannedFault) -> Call | None:
 def wait_for_point(live: Live, fault: PlannedFault, timeout: float) -> dict[str, Any]:
     """Block until the fault's point is reached; returns what the point found (pid, ...)."""
     spec = fault.spec
-    call = target(live, fault)
+    call = target(live, fault) if spec.at in CALL_POINTS else None
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         found = _reached(live, spec, call)
@@ -142,7 +144,7 @@ def wait_for_point(live: Live, fault: PlannedFault, timeout: float) -> dict[str,
 
 
 def _reached(live: Live, spec: FaultSpec, call: Call | None) -> dict[str, Any] | None:
-    if spec.at == "submitted":
+    if spec.at in ("start", "submitted"):
         return {}
     if spec.at == "progress":
         done = invariants.terminal_count(live.engine)
@@ -230,16 +232,18 @@ def inject(live: Live, fault: PlannedFault, point: dict[str, Any], window: float
         assert live.postgres is not None
         live.postgres.restart()
     elif spec.action == "outage":
+        seconds = spec.seconds if not spec.requests else 0.0
         with live.engine.begin() as conn:
             conn.execute(
                 text(
-                    "INSERT INTO chaos.outages (tool_name, until)"
-                    " VALUES (:t, clock_timestamp() + make_interval(secs => :s))"
-                    " ON CONFLICT (tool_name) DO UPDATE SET until = EXCLUDED.until"
+                    "INSERT INTO chaos.outages (tool_name, until, remaining)"
+                    " VALUES (:t, clock_timestamp() + make_interval(secs => :s), :n)"
+                    " ON CONFLICT (tool_name) DO UPDATE"
+                    " SET until = EXCLUDED.until, remaining = EXCLUDED.remaining"
                 ),
-                {"t": spec.tool, "s": spec.seconds},
+                {"t": spec.tool, "s": seconds, "n": spec.requests},
             )
-        done["seconds"] = spec.seconds
+        done.update({"tool": spec.tool, "seconds": seconds, "requests": spec.requests})
     elif spec.action == "approve":
         resumed = approvals.approve(
             live.engine, point["approval_id"], by=APPROVER, tenant=_tenant(live)

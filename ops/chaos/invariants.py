@@ -122,15 +122,17 @@ def terminal_count(engine: Engine) -> int:
 
 
 def recovery_seconds(engine: Engine, last_fault_at: Any) -> float | None:
-    """From the last fault to the last call's completion, on Postgres' clock (0 if every
-    call had ended before it; None while a call is still open)."""
+    """From the last fault to the last call's completion or result's publication, on
+    Postgres' clock (0 if all of it happened before; None while a call is still open)."""
     if open_calls(engine):
         return None
     with engine.connect() as conn:
         value = conn.execute(
             text(
-                "SELECT extract(epoch FROM max(completed_at) - CAST(:t AS timestamptz))"
-                " FROM callgate.calls"
+                "SELECT extract(epoch FROM greatest("
+                "   (SELECT max(completed_at) FROM callgate.calls),"
+                "   (SELECT max(published_at) FROM callgate.outbox))"
+                " - CAST(:t AS timestamptz))"
             ),
             {"t": last_fault_at},
         ).scalar()

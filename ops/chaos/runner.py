@@ -25,6 +25,7 @@ from callgate.store.settings import Settings
 
 CONTEXT = {"tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
 FAN_IN_SECONDS = 10.0
+SETTLE_SECONDS = 1.0
 
 
 @dataclass
@@ -141,11 +142,16 @@ def run_scenario(
     try:
         stack.__enter__()
         wait_for_workers(redis_url, settings.queue, spec.workers)
-        submit(live, scenario)
-        last_fault_at = _now(engine)
-        for planned in schedule:
+        before = [p for p in schedule if p.spec.at == "start"]
+        for planned in before:
             last_fault_at = _inject(live, planned, scenario.recovery_seconds, report)
-        _wait_terminal(live, scenario.recovery_seconds)
+        submit(live, scenario)
+        for planned in schedule:
+            if planned not in before:
+                last_fault_at = _inject(live, planned, scenario.recovery_seconds, report)
+        if last_fault_at is None:
+            last_fault_at = _now(engine)
+        _wait_settled(live, scenario.recovery_seconds)
         report.violations.extend(fan_in(live))
     except CallgateError as exc:
         report.violations.append(f"the runner's own call failed: {exc}")
@@ -212,17 +218,19 @@ def _fill(value: Any, turn: int) -> Any:
 
 
 def _inject(live: Live, planned: PlannedFault, window: float, report: Report) -> Any:
+    """Wait for the fault's point and inject it; returns when it happened (Postgres' clock)."""
     try:
         point = faults.wait_for_point(live, planned, window)
         if planned.jitter_s:
             time.sleep(planned.jitter_s)
+        at = _now(live.engine)
         done = faults.inject(live, planned, point, window)
     except PointNotReached as exc:
         report.violations.append(f"fault not injected: {exc}")
         return _now(live.engine)
     if planned.spec.action != "approve":
         report.faults.append(done)
-    return _now(live.engine)
+    return at
 
 
 def _now(engine: Engine) -> Any:
@@ -230,12 +238,22 @@ def _now(engine: Engine) -> Any:
         return conn.execute(text("SELECT now()")).scalar()
 
 
-def _wait_terminal(live: Live, window: float) -> None:
+def _wait_settled(live: Live, window: float) -> None:
+    """Until every call is terminal and every job delivered (duplicates included), or the
+    recovery window ends; then a moment for deliveries in flight to leave their trace."""
     deadline = time.monotonic() + window
     while time.monotonic() < deadline:
         if invariants.terminal_count(live.engine) >= len(live.calls):
-            return
+            break
         time.sleep(0.05)
+    while time.monotonic() < deadline:
+        try:
+            if live.producer.queue.count == 0:
+                break
+        except Exception:  # Redis down for good: nothing more will be delivered
+            break
+        time.sleep(0.05)
+    time.sleep(SETTLE_SECONDS)
 
 
 def fan_in(live: Live) -> list[str]:

@@ -45,10 +45,12 @@ ACTIONS = {
     "restart_redis": "SIGKILL the runner's own Redis and start it again, empty",
     "terminate_backends": "pg_terminate_backend every session of the scenario's database",
     "restart_postgres": "stop the runner's own PostgreSQL (immediate) and start it again",
-    "outage": "the tool's downstream answers upstream_unavailable for `seconds`",
+    "outage": "the tool's downstream answers upstream_unavailable for `seconds`, or to its"
+    " next `requests` requests",
     "approve": "a person of the tenant approves the parked call",
 }
 POINTS = {
+    "start": "before the workload is submitted",
     "submitted": "as soon as the workload is submitted",
     "started": "the target call's handler started, before its downstream call",
     "crash_gap": "the target write applied downstream, its call not yet completed",
@@ -131,6 +133,7 @@ class FaultSpec:
     restart: bool = True
     copies: int = 1
     seconds: float = 1.0
+    requests: int = 0
     fraction: float = 0.3
     jitter_ms: tuple[int, int] = (0, 0)
 
@@ -280,6 +283,7 @@ def _fault(doc: Any, where: str) -> FaultSpec:
         restart=bool(_typed(doc.get("restart", True), bool, f"{where} restart")),
         copies=_typed(doc.get("copies", 1), int, f"{where} copies"),
         seconds=float(_typed(doc.get("seconds", 1.0), (int, float), f"{where} seconds")),
+        requests=_typed(doc.get("requests", 0), int, f"{where} requests"),
         fraction=float(_typed(doc.get("fraction", 0.3), (int, float), f"{where} fraction")),
         jitter_ms=(jitter[0], jitter[1]),
     )

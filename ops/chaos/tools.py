@@ -6,8 +6,9 @@ Workers of a chaos run load it with ``CALLGATE_TOOLS=callgate.ops.chaos.tools:ch
   idempotency key, fencing token, the worker's pid), in the downstream database and in its
   own commit. The runner counts handler invocations from these rows, and finds the pid of the
   worker running a call there, so it can kill exactly that process.
-- ``chaos.outages`` makes a tool's downstream answer ``upstream_unavailable`` until a moment
-  (the runner sets it): the request is refused before anything applies (``applied=False``).
+- ``chaos.outages`` makes a tool's downstream answer ``upstream_unavailable`` until a moment,
+  or to its next N requests (the runner sets it): the request is refused before anything
+  applies (``applied=False``).
 - ``charge_unkeyed``: a write whose downstream takes no idempotency key, no fencing token
   and has no status lookup. After a crash gap it must end ``reconciliation_pending`` and
   never be sent again. Its charges are counted in ``downstream.requests`` and
@@ -52,17 +53,25 @@ CREATE TABLE IF NOT EXISTS chaos.invocations (
 CREATE INDEX IF NOT EXISTS invocations_operation ON chaos.invocations (operation_id);
 CREATE TABLE IF NOT EXISTS chaos.outages (
     tool_name text PRIMARY KEY,
-    until     timestamptz NOT NULL
+    until     timestamptz,
+    remaining integer NOT NULL DEFAULT 0
 )
 """
 
-# One round trip: the invocation is recorded, and whether the tool's downstream is down now.
+# One round trip: the invocation is recorded, and whether the tool's downstream refuses it
+# (it is down until a moment, or refuses a number of requests more).
 RECORD_SQL = """
+WITH hit AS (
+    UPDATE chaos.outages SET remaining = remaining - 1
+     WHERE tool_name = :tool AND remaining > 0
+    RETURNING 1
+)
 INSERT INTO chaos.invocations
        (tool_name, operation_id, idempotency_key, fencing_token, pid, refused)
 SELECT :tool, :op, :key, :fence, :pid,
-       coalesce((SELECT until > clock_timestamp() FROM chaos.outages WHERE tool_name = :tool),
-                false)
+       EXISTS (SELECT 1 FROM hit)
+       OR coalesce((SELECT until > clock_timestamp() FROM chaos.outages
+                     WHERE tool_name = :tool), false)
 RETURNING refused
 """
 
