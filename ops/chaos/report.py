@@ -22,7 +22,15 @@ COLUMNS = (
 def _faults(r: Report) -> str:
     if r.verdict == "not applicable":
         return "-"
-    names = [f["action"] + (f"×{f['jobs']}" if "jobs" in f else "") for f in r.faults]
+    seen: dict[str, int] = {}
+    jobs = 0
+    for f in r.faults:
+        seen[f["action"]] = seen.get(f["action"], 0) + 1
+        jobs += int(f.get("jobs", 0))
+    names = []
+    for action, n in seen.items():
+        label = action if n == 1 else f"{action}×{n}"
+        names.append(f"{label} ({jobs} jobs)" if action == "duplicate" else label)
     return ", ".join(names) or "none"
 
 

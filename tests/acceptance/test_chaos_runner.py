@@ -150,6 +150,14 @@ def test_redis_flushed_twice_mid_run_loses_nothing() -> None:
     assert c["side_effects"] == c["writes"] == 8
 
 
+def test_redis_killed_and_restarted_empty_mid_run_loses_nothing() -> None:
+    row = passed("redis-restart")
+    c = row["counts"]
+    assert [f["action"] for f in row["faults_injected"]] == ["restart_redis"]
+    assert c["side_effects"] == c["writes"] == 8
+    assert c["invocations"] >= c["calls"]
+
+
 def test_downstream_outage_refuses_before_applying() -> None:
     row = passed("downstream-outage")
     c = row["counts"]
