@@ -98,7 +98,7 @@ def test_unkeyed_write_in_the_crash_gap_goes_to_reconciliation_and_is_never_rese
     c = row["counts"]
     assert row["outcomes"] == {"charge_unkeyed": {"reconciliation_pending": 1}}
     assert (c["requests"], c["side_effects"], c["invocations"]) == (1, 1, 1)
-    assert c["takeovers"] == 1 and c["duplicates"] == 2
+    assert c["takeovers"] == 1 and c["duplicates"] >= 2
 
 
 def test_approval_gated_refund_crossing_crashes_applies_once() -> None:
