@@ -187,6 +187,7 @@ def process_env(database_url: str, redis_url: str, label: str, spec: StackSpec) 
 
 
 def submit(live: Live, scenario: Scenario) -> None:
+    """Submit the workload's turns; "{turn}" in a string argument is the turn's number."""
     for n in range(scenario.workload.turns):
         proposals = [
             {
@@ -200,6 +201,7 @@ def submit(live: Live, scenario: Scenario) -> None:
 
 
 def submit_turn(live: Live, proposals: list[dict[str, Any]], request_id: str) -> None:
+    """Submit one turn through ``Producer`` and remember its calls (targets of faults)."""
     turn = live.producer.submit(proposals, {**CONTEXT, "request_id": request_id})
     live.calls.extend(
         Call(turn.turn_id, c.ref, c.call_id, str(p["tool_name"]), c.operation_id)

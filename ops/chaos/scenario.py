@@ -263,6 +263,15 @@ def _fault(doc: Any, where: str) -> FaultSpec:
     victim = doc.get("victim", "owner")
     if victim not in VICTIMS:
         raise InputError(f"{where}: victim must be one of {', '.join(VICTIMS)}")
+    watches_call = at in ("started", "crash_gap", "completed", "parked")
+    if action == "stop_worker" and not watches_call:
+        raise InputError(f"{where}: stop_worker stops a call's owner: use a point that watches it")
+    if action == "kill_worker" and victim == "owner" and not watches_call:
+        raise InputError(f"{where}: victim 'owner' needs a point that watches a call")
+    if action == "approve" and at != "parked":
+        raise InputError(f"{where}: approve happens at the point 'parked'")
+    if action == "outage" and not doc.get("tool"):
+        raise InputError(f"{where}: outage needs the tool whose downstream goes down")
     jitter = doc.get("jitter_ms", [0, 0])
     if (
         not isinstance(jitter, list)
