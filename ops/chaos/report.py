@@ -72,7 +72,8 @@ def write_table(reports: list[Report], out: TextIO) -> None:
     for r in reports:
         if r.verdict == "not applicable":
             notes.append(f"{r.name}: not applicable: {r.reason}")
-        notes.extend(f"{r.name}: {v}" for v in r.violations)
+        notes.extend(f"{r.name}: violation: {v}" for v in r.violations)
+        notes.extend(f"{r.name}: unexpected: {v}" for v in r.unexpected)
     if notes:
         out.write("\n" + "\n".join(notes) + "\n")
     failed = sum(r.failed for r in reports)

@@ -30,7 +30,12 @@ SETTLE_SECONDS = 1.0
 
 @dataclass
 class Report:
-    """One scenario's row: what was injected, what the database shows, the verdict."""
+    """One scenario's row: what was injected, what the database shows, the verdict.
+
+    ``violations`` are broken promises (a write applied twice, a call without exactly one
+    result, a call left open, fan-in incomplete, a fault that could not be injected);
+    ``unexpected`` are outcomes or counts the scenario did not expect. Either fails it.
+    """
 
     name: str
     summary: str
@@ -41,6 +46,7 @@ class Report:
     outcomes: dict[str, dict[str, int]] = field(default_factory=dict)
     recovery_seconds: float | None = None
     violations: list[str] = field(default_factory=list)
+    unexpected: list[str] = field(default_factory=list)
     reason: str = ""
     seconds: float = 0.0
     log: str | None = None
@@ -61,6 +67,7 @@ class Report:
             "outcomes": self.outcomes,
             "recovery_seconds": self.recovery_seconds,
             "violations": self.violations,
+            "unexpected": self.unexpected,
             "elapsed_seconds": round(self.seconds, 1),
             "log": self.log,
         }
@@ -285,8 +292,8 @@ def judge(report: Report, scenario: Scenario, engine: Engine, last_fault_at: Any
     if last_fault_at is not None:
         report.recovery_seconds = invariants.recovery_seconds(engine, last_fault_at)
     report.violations.extend(invariants.violations(engine))
-    report.violations.extend(
+    report.unexpected.extend(
         invariants.expectations(scenario.expect, report.counts, report.outcomes)
     )
-    if report.violations:
+    if report.violations or report.unexpected:
         report.verdict = "fail"

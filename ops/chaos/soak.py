@@ -2,7 +2,7 @@
 catalogue injected throughout, judged by the same invariants as every scenario.
 
 Turns of 1-4 calls (about 60 % reads: get_weather, get_stock, get_news; writes:
-refund_payment of 1 KRW, send_email, charge_unkeyed) are submitted while at most
+refund_payment of a few KRW, send_email, charge_unkeyed) are submitted while at most
 ``IN_FLIGHT`` calls are open, so faults land on calls in every stage. Every ``calls /
 faults`` calls one fault is drawn: a worker SIGKILLed (and replaced), a worker SIGSTOPped
 for two leases, jobs of recent calls enqueued again, the relayer SIGKILLed (and restarted),
@@ -43,7 +43,8 @@ READS = (
     ("get_news", lambda n: {"topic": f"topic {n % 20}"}),
 )
 WRITES = (
-    ("refund_payment", lambda n: {"order_id": "O-17", "amount": 1, "currency": "KRW"}),
+    # the amount differs within a turn: an identical write twice in one turn is one call
+    ("refund_payment", lambda n: {"order_id": "O-17", "amount": 1 + n % 10, "currency": "KRW"}),
     ("send_email", lambda n: {"to": f"soak{n}@chaos.test", "template": "hello"}),
     ("charge_unkeyed", lambda n: {"amount": 1, "reference": f"soak-{n}"}),
 )

@@ -46,6 +46,7 @@ def run(name: str, *extra: str) -> tuple[int, dict[str, Any]]:
 def passed(name: str) -> dict[str, Any]:
     code, row = run(name)
     assert row["violations"] == [], row["violations"]
+    assert row["unexpected"] == [], row["unexpected"]
     assert (code, row["verdict"]) == (0, "pass")
     return row
 
