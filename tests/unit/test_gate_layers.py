@@ -320,3 +320,29 @@ def test_a_refused_write_does_not_hold_back_the_next_write() -> None:
 def test_unparseable_arguments_hash_by_their_exact_text() -> None:
     assert arguments_hash('{"a":') == arguments_hash('{"a":')
     assert arguments_hash('{"a":') != arguments_hash('{"a": ')
+
+
+def test_an_identical_write_twice_in_one_turn_runs_once_and_names_the_first() -> None:
+    refund = {"order_id": "O-1", "amount": 1, "currency": "KRW"}
+    planned = _planned(
+        ("refund_payment", refund),
+        ("get_stock", {"symbol": "NVDA"}),
+        ("get_stock", {"symbol": "NVDA"}),  # identical reads both run
+        ("refund_payment", {"currency": "KRW", "amount": 1, "order_id": "O-1"}),
+        ("refund_payment", {**refund, "amount": 2}),  # another amount is another write
+    )
+    out = apply_budgets(
+        planned, ConversationFacts(0, frozenset()), turn_budget=9, conversation_budget=99
+    )
+    assert [p.refusal["code"] if p.refusal else None for p in out] == [
+        None,
+        None,
+        None,
+        "repeated_call",
+        None,
+    ]
+    (detail,) = out[3].refusal["details"]
+    assert detail["code"] == "repeated_in_turn"
+    assert planned[0].proposal.call_id in detail["expected"]
+    # The refused repeat holds nothing back: the next write follows the first.
+    assert out[4].after == out[0].ref
