@@ -56,16 +56,13 @@ def _positive(raw: str | None, option: str, *, maximum: int) -> int | None:
     "seed_text",
     default="1",
     show_default=True,
-    envvar="CALLGATE_CHAOS_SEED",
-    help="Seed of the fault schedule; the same seed replays it (env CALLGATE_CHAOS_SEED).",
+    help="Seed of the fault schedule; the same seed replays it.",
 )
 @click.option(
     "--workers",
     "workers_text",
     default=None,
-    envvar="CALLGATE_CHAOS_WORKERS",
-    help="Worker processes (default: each scenario's own; 4 for --soak) "
-    "(env CALLGATE_CHAOS_WORKERS).",
+    help="Worker processes (default: each scenario's own; 4 for --soak).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print the results as JSON.")
 @click.option("--soak", is_flag=True, help="Mixed reads and writes with random faults throughout.")
@@ -73,8 +70,7 @@ def _positive(raw: str | None, option: str, *, maximum: int) -> int | None:
     "--calls",
     "calls_text",
     default=None,
-    envvar="CALLGATE_CHAOS_CALLS",
-    help="Calls of a --soak run (default 2000) (env CALLGATE_CHAOS_CALLS).",
+    help="Calls of a --soak run (default 2000).",
 )
 @click.option("--list", "list_only", is_flag=True, help="List the catalogue and exit.")
 @click.option(

@@ -17,14 +17,18 @@ from tests.conftest import ADMIN_URL, REDIS_URL
 SEED = "7"
 
 
-def chaos(*args: str, timeout: float = 170) -> subprocess.CompletedProcess[str]:
-    """The runner as a subprocess on the test services (it makes databases of its own)."""
+def chaos(
+    *args: str, timeout: float = 170, embedded: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """The runner as a subprocess on the test services (it makes databases of its own), or
+    with no service configured (it starts an embedded PostgreSQL and a redis-server)."""
     env = {
         **os.environ,
         "CALLGATE_DATABASE_URL": ADMIN_URL,
         "CALLGATE_REDIS_URL": REDIS_URL,
     }
-    env.pop("CALLGATE_CHAOS_SEED", None)
+    if embedded:
+        del env["CALLGATE_DATABASE_URL"], env["CALLGATE_REDIS_URL"]
     return subprocess.run(
         [sys.executable, "-m", "callgate.ops.chaos", *args],
         env=env,
@@ -34,8 +38,8 @@ def chaos(*args: str, timeout: float = 170) -> subprocess.CompletedProcess[str]:
     )
 
 
-def run(name: str, *extra: str) -> tuple[int, dict[str, Any]]:
-    done = chaos(name, "--seed", SEED, "--json", *extra)
+def run(name: str, *extra: str, embedded: bool = False) -> tuple[int, dict[str, Any]]:
+    done = chaos(name, "--seed", SEED, "--json", *extra, embedded=embedded)
     assert done.returncode in (0, 1), done.stderr
     doc = json.loads(done.stdout)
     (row,) = doc["scenarios"]
@@ -43,8 +47,8 @@ def run(name: str, *extra: str) -> tuple[int, dict[str, Any]]:
     return done.returncode, row
 
 
-def passed(name: str) -> dict[str, Any]:
-    code, row = run(name)
+def passed(name: str, *, embedded: bool = False) -> dict[str, Any]:
+    code, row = run(name, embedded=embedded)
     assert row["violations"] == [], row["violations"]
     assert row["unexpected"] == [], row["unexpected"]
     assert (code, row["verdict"]) == (0, "pass")
@@ -189,3 +193,12 @@ def test_sweeper_killed_loses_nothing() -> None:
 )
 def test_postgres_backends_terminated_mid_run_lose_nothing() -> None:
     passed("postgres-terminate")
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="every call recovers, but the producer's pooled connection died with the server: "
+    "collect raises database_unavailable instead of reconnecting",
+)
+def test_embedded_postgres_restarted_mid_run_loses_nothing() -> None:
+    passed("postgres-restart", embedded=True)
