@@ -178,17 +178,20 @@ def _reached(live: Live, spec: FaultSpec, call: Call | None) -> dict[str, Any] |
 
 
 def _published(live: Live) -> dict[str, Any] | None:
+    """A result the relayer put on its turn's stream while its outbox row is unmarked."""
     with live.engine.connect() as conn:
-        turns = [
-            str(r[0])
-            for r in conn.execute(
-                text("SELECT DISTINCT turn_id FROM callgate.outbox WHERE published_at IS NULL")
-            )
-        ]
-    for turn_id in turns:
+        rows = conn.execute(
+            text("SELECT id, turn_id FROM callgate.outbox WHERE published_at IS NULL")
+        ).all()
+    unmarked: dict[str, set[str]] = {}
+    for r in rows:
+        unmarked.setdefault(str(r.turn_id), set()).add(str(r.id))
+    for turn_id, ids in unmarked.items():
         stream = transport.results_stream(live.producer.settings.queue, turn_id)
-        if live.producer.redis.xlen(stream) > 0:
-            return {"turn_id": turn_id}
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = live.producer.redis.xrange(stream)  # type: ignore[assignment]
+        for _entry, fields in entries:
+            if fields.get(b"outbox_id", b"").decode() in ids:
+                return {"turn_id": turn_id}
     return None
 
 

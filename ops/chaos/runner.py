@@ -248,8 +248,9 @@ def _now(engine: Engine) -> Any:
 
 
 def _wait_settled(live: Live, window: float) -> None:
-    """Until every call is terminal and every job delivered (duplicates included), or the
-    recovery window ends; then a moment for deliveries in flight to leave their trace."""
+    """Until every call is terminal, every job delivered (duplicates included) and every
+    result published by the relayer, or the recovery window ends; then a moment for
+    deliveries in flight to leave their trace."""
     deadline = time.monotonic() + window
     while time.monotonic() < deadline:
         if invariants.terminal_count(live.engine) >= len(live.calls):
@@ -261,6 +262,8 @@ def _wait_settled(live: Live, window: float) -> None:
                 break
         except Exception:  # Redis down for good: nothing more will be delivered
             break
+        time.sleep(0.05)
+    while time.monotonic() < deadline and invariants.unpublished(live.engine):
         time.sleep(0.05)
     time.sleep(SETTLE_SECONDS)
 
