@@ -324,6 +324,18 @@ VALUES (:turn_id, :call_ref, :operation_id, :event, :generation, CAST(:detail AS
 """
 
 
+# Converted once for the pooled driver connection (``db.raw_autocommit``): the same SQL text.
+_RESERVE = db.Statement(RESERVE_SQL)
+_RENEW = db.Statement(RENEW_SQL)
+_COMPLETE = db.Statement(COMPLETE_SQL)
+_REFUSE = db.Statement(REFUSE_SQL)
+_REJECT = db.Statement(REJECT_SQL)
+_REUSE = db.Statement(REUSE_SQL)
+_WHY_LOST = db.Statement(WHY_LOST_SQL)
+_COMPLETED_BY = db.Statement(COMPLETED_BY_SQL)
+_TRACE = db.Statement(TRACE_SQL)
+
+
 @dataclass(frozen=True)
 class Reserved:
     generation: int
@@ -383,8 +395,8 @@ def reserve(
     }
 
     def attempt() -> Reserved | NotReserved:
-        with db.autocommit(engine) as conn:
-            row = conn.execute(text(RESERVE_SQL), params).first()
+        with db.raw_autocommit(engine) as conn:
+            row = conn.first(_RESERVE, params)
             if row is not None:
                 return Reserved(row.generation, takeover=row.reserved_from == "in_progress")
             return why_lost(
@@ -399,7 +411,7 @@ def reserve(
 
 
 def why_lost(
-    conn: Connection,
+    conn: Connection | db.RawConnection,
     *,
     operation_id: str,
     call_ref: uuid.UUID,
@@ -410,9 +422,11 @@ def why_lost(
     next. Nothing changes state on the strength of this read. A reservation that already
     carries ``owner_token`` is this delivery's own, committed by an attempt whose reply was
     lost."""
-    op = conn.execute(
-        text(WHY_LOST_SQL), {"operation_id": operation_id, "call_ref": call_ref}
-    ).first()
+    params = {"operation_id": operation_id, "call_ref": call_ref}
+    if isinstance(conn, db.RawConnection):
+        op = conn.first(_WHY_LOST, params)
+    else:
+        op = conn.execute(text(WHY_LOST_SQL), params).first()
     if op is None:
         return NotReserved("missing")
     if owner_token is not None and op.owner_token == owner_token and op.state == "in_progress":
@@ -489,12 +503,12 @@ def complete(
     def attempt() -> Finished:
         nonlocal attempts
         attempts += 1
-        with db.autocommit(engine) as conn:
-            row = conn.execute(text(COMPLETE_SQL), params).one()
+        with db.raw_autocommit(engine) as conn:
+            row = conn.one(_COMPLETE, params)
             if row.won:
                 return Finished(row.finished, list(row.successors), won=True)
             if attempts > 1:  # did the attempt whose connection died commit first?
-                mine = conn.execute(text(COMPLETED_BY_SQL), params).first()
+                mine = conn.first(_COMPLETED_BY, params)
                 return Finished(0, [], won=mine is not None)
             return Finished(0, [], won=False)
 
@@ -528,8 +542,8 @@ def refuse(
     }
 
     def attempt() -> Finished | NotReserved:
-        with db.autocommit(engine) as conn:
-            row = conn.execute(text(REFUSE_SQL), params).one()
+        with db.raw_autocommit(engine) as conn:
+            row = conn.one(_REFUSE, params)
             if row.won:
                 return Finished(row.finished, list(row.successors))
             lost = why_lost(
@@ -558,7 +572,7 @@ def reject(
         "generation": None,
         "detail": json.dumps(detail or {}),
     }
-    return _storing(lambda: _finish_statement(engine, REJECT_SQL, params))
+    return _storing(lambda: _finish_statement(engine, _REJECT, params))
 
 
 def reuse(
@@ -572,7 +586,7 @@ def reuse(
         "generation": None,
         "detail": json.dumps(detail or {}),
     }
-    return _storing(lambda: _finish_statement(engine, REUSE_SQL, params))
+    return _storing(lambda: _finish_statement(engine, _REUSE, params))
 
 
 def conclude(
@@ -623,9 +637,9 @@ def abandon(
     return Finished(row.finished, list(row.successors))
 
 
-def _finish_statement(engine: Engine, sql: str, params: dict[str, Any]) -> Finished:
-    with db.autocommit(engine) as conn:
-        row = conn.execute(text(sql), params).one()
+def _finish_statement(engine: Engine, sql: db.Statement, params: dict[str, Any]) -> Finished:
+    with db.raw_autocommit(engine) as conn:
+        row = conn.one(sql, params)
     return Finished(row.finished, list(row.successors))
 
 
@@ -653,9 +667,9 @@ def trace(
     detail: dict[str, Any] | None = None,
 ) -> None:
     """A counted event that changes no state (duplicate delivery, stale owner, …)."""
-    with db.autocommit(engine) as conn:
+    with db.raw_autocommit(engine) as conn:
         conn.execute(
-            text(TRACE_SQL),
+            _TRACE,
             {
                 "turn_id": turn_id,
                 "call_ref": call_ref,
