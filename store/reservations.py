@@ -2,7 +2,8 @@
 
 - ``reserve``: one guarded UPDATE; exactly one of N competing workers gets a row back. A
   lease that has expired is taken over with ``generation + 1`` (the fencing token).
-- ``renew``: extends the lease only for the same owner and generation.
+- ``renew``: extends the lease only for the same owner and generation (``renew_many``: the
+  same for many leases in one statement, each with the same guard).
 - ``complete``: requires state ``in_progress`` and the same intent, owner and generation; in
   the same statement it writes the result to the operation and to every call the operation
   started, their outbox rows and trace events, and wakes the relayer. No row means a stale
@@ -94,6 +95,33 @@ UPDATE callgate.operations
    AND owner_token = :owner_token
    AND generation = :generation
 RETURNING lease_expires_at
+"""
+
+# ``RENEW_SQL`` for many leases in one statement: each row has exactly RENEW_SQL's guard.
+# The rows are locked in operation id order, so two batches never wait on each other.
+RENEW_MANY_SQL = """
+WITH lease AS (
+    SELECT * FROM unnest(CAST(:operation_ids AS text[]), CAST(:owner_tokens AS uuid[]),
+                         CAST(:generations AS integer[]), CAST(:lease_seconds AS float8[]))
+           AS l(operation_id, owner_token, generation, lease_seconds)
+), held AS (
+    SELECT o.operation_id, lease.owner_token, lease.generation, lease.lease_seconds
+      FROM callgate.operations AS o
+      JOIN lease ON lease.operation_id = o.operation_id
+     WHERE o.state = 'in_progress'
+       AND o.owner_token = lease.owner_token
+       AND o.generation = lease.generation
+     ORDER BY o.operation_id
+       FOR UPDATE OF o
+)
+UPDATE callgate.operations AS o
+   SET lease_expires_at = now() + make_interval(secs => held.lease_seconds)
+  FROM held
+ WHERE o.operation_id = held.operation_id
+   AND o.state = 'in_progress'
+   AND o.owner_token = held.owner_token
+   AND o.generation = held.generation
+RETURNING o.operation_id, o.owner_token, o.generation
 """
 
 # The tail shared by every statement that ends calls: `finished` holds the calls just made
@@ -327,6 +355,7 @@ VALUES (:turn_id, :call_ref, :operation_id, :event, :generation, CAST(:detail AS
 # Converted once for the pooled driver connection (``db.raw_autocommit``): the same SQL text.
 _RESERVE = db.Statement(RESERVE_SQL)
 _RENEW = db.Statement(RENEW_SQL)
+_RENEW_MANY = db.Statement(RENEW_MANY_SQL)
 _COMPLETE = db.Statement(COMPLETE_SQL)
 _REFUSE = db.Statement(REFUSE_SQL)
 _REJECT = db.Statement(REJECT_SQL)
@@ -457,6 +486,24 @@ def renew(conn: Connection, lease: Lease, lease_seconds: float) -> bool:
         },
     ).first()
     return row is not None
+
+
+def renew_many(
+    conn: db.RawConnection, leases: list[tuple[Lease, float]]
+) -> set[tuple[str, uuid.UUID, int]]:
+    """Renew each ``(lease, lease_seconds)`` that its owner still holds, in one statement;
+    returns ``(operation_id, owner_token, generation)`` of those renewed (the others were
+    taken over or finished: their owner must stop counting on them)."""
+    rows = conn.execute(
+        _RENEW_MANY,
+        {
+            "operation_ids": [lease.operation_id for lease, _ in leases],
+            "owner_tokens": [lease.owner_token for lease, _ in leases],
+            "generations": [lease.generation for lease, _ in leases],
+            "lease_seconds": [float(seconds) for _, seconds in leases],
+        },
+    )
+    return {(row.operation_id, row.owner_token, row.generation) for row in rows}
 
 
 def result_body(status: str, payload: dict[str, Any]) -> str:
