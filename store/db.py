@@ -37,11 +37,17 @@ def libpq_url(url: str) -> str:
     return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
 
 
-def create(url: str, *, pool_size: int = 2, application_name: str = "callgate") -> Engine:
+def create(
+    url: str,
+    *,
+    pool_size: int = 2,
+    max_overflow: int | None = None,
+    application_name: str = "callgate",
+) -> Engine:
     return create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
-        max_overflow=max(4, pool_size),
+        max_overflow=max(4, pool_size) if max_overflow is None else max_overflow,
         # No pre-ping: it would cost a round trip per checkout on the hot path. A connection
         # broken by a Postgres restart fails its statement and is discarded; the job is
         # re-run by the sweeper.
@@ -180,7 +186,10 @@ class RawConnection:
         for listener in self._listeners:
             listener()
         with self.driver.cursor(row_factory=namedtuple_row) as cur:
-            cur.execute(statement.driver_sql, params)
+            # Prepared on first use on each connection (psycopg's default waits for the
+            # sixth): Postgres then parses and plans each guarantee statement once per
+            # connection, not on every one of its first five runs.
+            cur.execute(statement.driver_sql, params, prepare=True)
             return cur.fetchall() if cur.description is not None else []
 
     def first(self, statement: Statement, params: Mapping[str, Any]) -> Any:
