@@ -23,10 +23,16 @@ from typing import Any, TextIO
 
 import click
 
-from store import db, values
-from store import migrate as migrations
-from store.errors import CallgateError, ConfigurationError, ErrorCode, InputError, JSONValueError
-from store.settings import MAX_WORKER_CONCURRENCY, Settings
+from callgate.store import db, values
+from callgate.store import migrate as migrations
+from callgate.store.errors import (
+    CallgateError,
+    ConfigurationError,
+    ErrorCode,
+    InputError,
+    JSONValueError,
+)
+from callgate.store.settings import MAX_WORKER_CONCURRENCY, Settings
 
 EXIT_ERROR = 2
 
@@ -36,7 +42,7 @@ def _settings() -> Settings:
 
 
 def _setup_logging(level: str) -> None:
-    from worker import redaction
+    from callgate.worker import redaction
 
     logging.basicConfig(
         level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
@@ -86,7 +92,7 @@ def _migrate(settings: Settings, *, demo_downstream: bool, reset_demo: bool) -> 
         with db.translate_errors("migrate"):
             migrations.upgrade(engine)
             if demo_downstream:
-                from worker.demo import downstream
+                from callgate.worker.demo import downstream
 
                 downstream.install(
                     db.create(settings.downstream_url())
@@ -114,7 +120,7 @@ def worker_cmd(burst: bool, name: str | None, concurrency: int | None) -> None:
     --concurrency calls at once. SIGTERM stops taking calls and waits for those in flight
     (CALLGATE_WORKER_GRACE_SECONDS).
     """
-    from worker import process
+    from callgate.worker import process
 
     settings = _settings()
     if concurrency is not None:
@@ -129,7 +135,7 @@ def relayer_cmd() -> None:
 
     CALLGATE_RELAYER_MARK_DELAY_MS widens the publish-to-mark window (chaos tests).
     """
-    from store import relayer, transport
+    from callgate.store import relayer, transport
 
     settings = _settings()
     url = settings.require_database()
@@ -150,7 +156,7 @@ def relayer_cmd() -> None:
 def sweeper_cmd() -> None:
     """Re-dispatch calls whose worker died or whose job Redis lost; end calls dispatched
     CALLGATE_MAX_DISPATCHES times that are still open."""
-    from store import sweeper, transport
+    from callgate.store import sweeper, transport
 
     settings = _settings()
     connection = transport.connect(settings.require_redis())
@@ -185,11 +191,11 @@ def sweeper_cmd() -> None:
 def up_cmd(workers: int, data_dir: Path) -> None:
     """Run migrations, workers, relayer and sweeper in the foreground until Ctrl-C.
 
-    Needs CALLGATE_TOOLS (e.g. worker.demo.tools:demo_registry to try the demo tools): this
+    Needs CALLGATE_TOOLS (e.g. callgate.worker.demo.tools:demo_registry to try the demo tools): this
     is the stack an application uses, so it never picks tools on its own.
     """
-    from ops.stack import Stack
-    from worker import registry
+    from callgate.ops.stack import Stack
+    from callgate.worker import registry
 
     # Refuse before any service starts, rather than leave children failing one by one.
     registry.from_settings(_settings())
@@ -213,12 +219,12 @@ def up_cmd(workers: int, data_dir: Path) -> None:
     help="Keep embedded data here (default: a temporary folder).",
 )
 def demo_cmd(workers: int, data_dir: Path | None) -> None:
-    """Run the seed's worked examples end to end and check their invariants.
+    """Run the worked examples end to end and check their invariants.
 
-    Always uses the demo tools (worker.demo.tools:demo_registry), whatever CALLGATE_TOOLS
+    Always uses the demo tools (callgate.worker.demo.tools:demo_registry), whatever CALLGATE_TOOLS
     says.
     """
-    from ops import demo
+    from callgate.ops import demo
 
     with (
         tempfile.TemporaryDirectory(prefix="callgate-demo-") as tmp,
@@ -235,7 +241,7 @@ def _services(settings: Settings, data_dir: Path) -> Iterator[Settings]:
     if settings.database_url and settings.redis_url:
         yield settings
         return
-    from ops import embedded
+    from callgate.ops import embedded
 
     need_db, need_redis = not settings.database_url, not settings.redis_url
     with embedded.services(data_dir.resolve(), need_db=need_db, need_redis=need_redis) as (d, r):
@@ -317,8 +323,8 @@ def bench_cmd(
     if a correctness check inside it fails (a call that never ended, a write applied other
     than once).
     """
-    from ops import bench
-    from ops.bench.config import FULL, QUICK
+    from callgate.ops import bench
+    from callgate.ops.bench.config import FULL, QUICK
 
     try:
         import matplotlib  # noqa: F401
@@ -397,7 +403,7 @@ def submit_cmd(
     is refused with its adapter code and nothing is written. A final answer with no tool
     calls records nothing.
     """
-    from producer import Producer, adapters
+    from callgate.producer import Producer, adapters
 
     context = _read_json(context_file, "context")
     raw = _read_json(proposals_file, "provider response" if provider else "proposals")
@@ -458,8 +464,8 @@ def _report_no_calls(as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def collect_cmd(turn_id: str, timeout: float, provider: str | None, as_json: bool) -> None:
     """Wait for a turn's results, joined by call id; name the calls still pending."""
-    from producer import Producer
-    from producer.validation import check_timeout
+    from callgate.producer import Producer
+    from callgate.producer.validation import check_timeout
 
     check_timeout(timeout, "--timeout")
     producer = Producer.from_env()
@@ -502,8 +508,8 @@ def collect_cmd(turn_id: str, timeout: float, provider: str | None, as_json: boo
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def trace_cmd(turn_or_call: str, as_json: bool) -> None:
     """Print the audit trace of a turn or a call (by its ref)."""
-    from store import trace
-    from worker import redaction
+    from callgate.store import trace
+    from callgate.worker import redaction
 
     settings = _settings()
     engine = db.create(settings.require_database())
@@ -556,7 +562,7 @@ _TENANT = click.option(
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def approvals_list_cmd(state: str, tenant: str, as_json: bool) -> None:
     """Approval requests of the tenant, oldest first."""
-    from store import approvals
+    from callgate.store import approvals
 
     engine = db.create(_settings().require_database())
     with db.translate_errors("approvals"):
@@ -576,7 +582,7 @@ def approvals_list_cmd(state: str, tenant: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def approvals_show_cmd(approval_id: str, tenant: str, as_json: bool) -> None:
     """One request of the tenant with its full server-computed impact."""
-    from store import approvals
+    from callgate.store import approvals
 
     engine = db.create(_settings().require_database())
     with db.translate_errors("approvals"):
@@ -613,7 +619,7 @@ def approvals_approve_cmd(approval_id: str, by: str, tenant: str) -> None:
     The decision is committed first. If Redis cannot be reached afterwards, the command
     still succeeds and warns: the sweeper dispatches the resumed calls once Redis is back.
     """
-    from store import approvals
+    from callgate.store import approvals
 
     settings = _settings()
     engine = db.create(settings.require_database())
@@ -629,7 +635,7 @@ def approvals_approve_cmd(approval_id: str, by: str, tenant: str) -> None:
 @_TENANT
 def approvals_deny_cmd(approval_id: str, by: str, tenant: str) -> None:
     """Refuse a pending request; its calls end with approval_denied."""
-    from store import approvals
+    from callgate.store import approvals
 
     settings = _settings()
     engine = db.create(settings.require_database())
@@ -651,7 +657,7 @@ def _dispatch(settings: Settings, refs: list[uuid.UUID]) -> None:
     """
     if not refs:
         return
-    from store import transport
+    from callgate.store import transport
 
     try:
         queue = transport.job_queue(transport.connect(settings.require_redis()), settings.queue)
@@ -683,11 +689,11 @@ def _dispatch(settings: Settings, refs: list[uuid.UUID]) -> None:
 def tools_cmd(roles: tuple[str, ...], provider: str | None) -> None:
     """Print the tool definitions a model acting for these roles may be shown (JSON), from
     the registry CALLGATE_TOOLS names."""
-    from worker import registry
+    from callgate.worker import registry
 
     definitions = registry.from_env().definitions_for(roles)
     if provider:
-        from producer import adapters
+        from callgate.producer import adapters
 
         definitions = adapters.tool_definitions(provider, definitions)
     click.echo(json.dumps(definitions, indent=2))
@@ -772,6 +778,15 @@ def _translate(exc: Exception) -> CallgateError | None:
         return CallgateError(f"cannot reach Redis: {exc}", code=ErrorCode.REDIS_UNAVAILABLE)
     return None
 
+
+def _operator_commands() -> None:
+    from callgate.ops.maintenance import prune_cmd, reconcile_group
+
+    cli.add_command(reconcile_group)
+    cli.add_command(prune_cmd)
+
+
+_operator_commands()
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,4 @@
-"""``callgate demo``: the seed's worked examples, end to end, with their invariants checked.
+"""``callgate demo``: the worked examples, end to end, with their invariants checked.
 
 1. Three reads (120/280/200 ms) in one turn run at once (their intervals overlap in the
    trace) and are joined by id whatever order they complete in.
@@ -21,12 +21,12 @@ from typing import Any, TextIO
 
 from sqlalchemy import Engine, text
 
-from ops.stack import Stack, wait_for_workers
-from producer import Producer
-from store import approvals, trace, transport
-from store.errors import ApprovalError, ErrorCode
-from store.settings import Settings
-from worker.demo.tools import DEMO_TOOLS
+from callgate.ops.stack import Stack, wait_for_workers
+from callgate.producer import Producer
+from callgate.store import approvals, trace, transport
+from callgate.store.errors import ApprovalError, ErrorCode
+from callgate.store.settings import Settings
+from callgate.worker.demo.tools import DEMO_TOOLS
 
 READ_DELAYS = "get_weather=120,get_stock=280,get_news=200"
 READ_ATTEMPTS = 3

@@ -13,7 +13,7 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
-from store.errors import CallgateError, ErrorCode
+from callgate.store.errors import CallgateError, ErrorCode
 
 log = logging.getLogger("callgate.embedded")
 

@@ -54,7 +54,7 @@ class Stack:
         log = open(self.log_path, "ab") if self.log_path else None  # noqa: SIM115
         try:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "ops.cli", *args],
+                [sys.executable, "-m", "callgate.ops.cli", *args],
                 env={**os.environ, **self.env, **(env or {})},
                 stdin=subprocess.DEVNULL,
                 stderr=log,
@@ -93,7 +93,7 @@ def wait_for_workers(redis_url: str, queue: str, count: int, timeout: float = 30
     """Block until ``count`` RQ workers listen on ``queue`` (they register on start)."""
     from rq import Worker
 
-    from store import transport
+    from callgate.store import transport
 
     connection = transport.connect(redis_url)
     q = transport.job_queue(connection, queue)

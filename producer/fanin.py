@@ -13,8 +13,14 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from store.errors import CorrelationError, ErrorCode
-from store.types import RESULT_ADAPTER, TERMINAL_STATES, FailedRetryable, FailedTerminal, Succeeded
+from callgate.store.errors import CorrelationError, ErrorCode
+from callgate.store.types import (
+    RESULT_ADAPTER,
+    TERMINAL_STATES,
+    FailedRetryable,
+    FailedTerminal,
+    Succeeded,
+)
 
 Result = Succeeded | FailedRetryable | FailedTerminal
 

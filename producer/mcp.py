@@ -16,7 +16,7 @@ the outcome back to the provider call id:
   arguments in a *new* call), ``upstream_unavailable`` retryable with
   ``structuredContent.retryAfterMs``, anything else ``mcp_tool_execution_failed`` terminal.
   The text content becomes ``mcp_tool_detail`` details with secrets and stack traces
-  redacted (``worker.results.redact_text``, the redactor safe results use) and each message
+  redacted (``callgate.worker.results.redact_text``, the redactor safe results use) and each message
   capped;
 - success → ``Succeeded`` whose ``data`` is ``{"content": [...]}`` plus
   ``"structuredContent"`` when the server sent one (``data`` is an object in callgate's
@@ -29,14 +29,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from producer.adapters.base import AdapterError, show, to_plain
-from store.errors import ErrorCode
-from store.types import AppError, FailedRetryable, FailedTerminal, SafeErrorDetail, Succeeded
-from worker.results import redact_text
+from callgate.producer.adapters.base import AdapterError, show, to_plain
+from callgate.store.errors import ErrorCode
+from callgate.store.types import (
+    AppError,
+    FailedRetryable,
+    FailedTerminal,
+    SafeErrorDetail,
+    Succeeded,
+)
+from callgate.worker.results import redact_text
 
 INVALID_PARAMS = -32602
 DETAIL_CODE = "mcp_tool_detail"
-MAX_DETAIL_LENGTH = 240  # the seed's cap
+MAX_DETAIL_LENGTH = 240  # a hard cap on a detail's length
 MAX_DETAILS = 8
 MAX_RETRY_AFTER_MS = 24 * 60 * 60 * 1000
 
@@ -49,7 +55,7 @@ def sanitise(message: str, notes: list[str] | None = None) -> str:
     ``notes`` collects what was redacted or capped, for the trace.
     """
     notes = notes if notes is not None else []
-    # redact_text appends a truncation marker past the cap; the seed's cap is a hard one.
+    # redact_text appends a truncation marker past the cap; this cap is a hard one.
     return redact_text(message, MAX_DETAIL_LENGTH, notes)[:MAX_DETAIL_LENGTH]
 
 

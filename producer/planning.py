@@ -12,13 +12,13 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from store import values
-from store.errors import ErrorCode, InputError, JSONValueError
-from store.turns import PlannedCall
-from store.types import CallContext, ProposedCall
-from store.values import printable
-from worker.intent import canonical_json, idempotency_key
-from worker.registry import Registry
+from callgate.store import values
+from callgate.store.errors import ErrorCode, InputError, JSONValueError
+from callgate.store.turns import PlannedCall
+from callgate.store.types import CallContext, ProposedCall
+from callgate.store.values import printable
+from callgate.worker.intent import canonical_json, idempotency_key
+from callgate.worker.registry import Registry
 
 
 def plan(

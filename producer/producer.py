@@ -12,15 +12,15 @@ import redis
 from rq import Queue
 from sqlalchemy import Engine
 
-from producer import validation
-from producer.budgets import apply_budgets
-from producer.fanin import FanIn, Result
-from producer.planning import plan
-from store import db, transport, turns
-from store.errors import CorrelationError, ErrorCode, ServiceUnavailable
-from store.settings import Settings
-from store.types import TRUST_LABEL, CallContext, ProposedCall, Turn
-from worker import registry as tool_registry
+from callgate.producer import validation
+from callgate.producer.budgets import apply_budgets
+from callgate.producer.fanin import FanIn, Result
+from callgate.producer.planning import plan
+from callgate.store import db, transport, turns
+from callgate.store.errors import CorrelationError, ErrorCode, ServiceUnavailable
+from callgate.store.settings import Settings
+from callgate.store.types import TRUST_LABEL, CallContext, ProposedCall, Turn
+from callgate.worker import registry as tool_registry
 
 # How often collect() re-reads Postgres while it waits on the stream: the safety net for a
 # publish Redis dropped. Results normally arrive through the stream within milliseconds.
@@ -53,7 +53,7 @@ class Collected:
         """The results as ``surface``'s tool-result message, ready to append to the
         conversation. Refused (``missing_result``) while a call is still pending: a partial
         turn is never padded."""
-        from producer import adapters
+        from callgate.producer import adapters
 
         if not self.complete:
             waiting = ", ".join(self.pending)

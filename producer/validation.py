@@ -27,11 +27,11 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from store import values
-from store.errors import ErrorCode, InputError, JSONValueError
-from store.settings import Settings
-from store.types import CallContext, ProposedCall
-from worker.intent import canonical_json
+from callgate.store import values
+from callgate.store.errors import ErrorCode, InputError, JSONValueError
+from callgate.store.settings import Settings
+from callgate.store.types import CallContext, ProposedCall
+from callgate.worker.intent import canonical_json
 
 # Ids are names, not documents. Kept equal to ProposedCall's own bound on call ids.
 MAX_ID_LENGTH = 200

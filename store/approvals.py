@@ -30,9 +30,9 @@ from typing import Any, Literal
 
 from sqlalchemy import Engine, text
 
-from store import db
-from store.errors import ApprovalError, ErrorCode
-from store.reservations import FINISH_TAIL, Finished, result_body
+from callgate.store import db
+from callgate.store.errors import ApprovalError, ErrorCode
+from callgate.store.reservations import FINISH_TAIL, Finished, result_body
 
 SETTLE_SQL = (
     """

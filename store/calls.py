@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from store import db
+from callgate.store import db
 
 LOAD_SQL = """
 SELECT c.id, c.turn_id, c.call_id, c.tool_name, c.arguments, c.kind, c.state,

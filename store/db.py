@@ -15,7 +15,7 @@ from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, IntegrityError, OperationalError
 
-from store.errors import ConfigurationError, InputError, ServiceUnavailable
+from callgate.store.errors import ConfigurationError, InputError, ServiceUnavailable
 
 _T = TypeVar("_T")
 

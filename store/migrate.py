@@ -8,7 +8,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, text
 
-from store.schema import SCHEMA
+from callgate.store.schema import SCHEMA
 
 _SCRIPTS = Path(__file__).with_name("migrations")
 

@@ -17,7 +17,7 @@ import psycopg
 import redis
 from sqlalchemy import Engine, text
 
-from store import db, transport
+from callgate.store import db, transport
 
 log = logging.getLogger("callgate.relayer")
 

@@ -41,9 +41,9 @@ from typing import Any, Literal, TypeVar
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DataError, OperationalError
 
-from store import db
-from store.errors import UnstorableValue
-from store.types import TERMINAL_STATES
+from callgate.store import db
+from callgate.store.errors import UnstorableValue
+from callgate.store.types import TERMINAL_STATES
 
 _T = TypeVar("_T")
 

@@ -11,7 +11,7 @@ import re
 from dataclasses import dataclass, replace
 from typing import Self
 
-from store.errors import ConfigurationError
+from callgate.store.errors import ConfigurationError
 
 _QUEUE_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 

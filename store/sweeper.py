@@ -34,8 +34,8 @@ from typing import Any
 from rq import Queue
 from sqlalchemy import Connection, Engine, text
 
-from store import db, reservations, transport
-from store.errors import ErrorCode
+from callgate.store import db, reservations, transport
+from callgate.store.errors import ErrorCode
 
 log = logging.getLogger("callgate.sweeper")
 

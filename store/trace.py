@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from store.errors import UnknownTurn
+from callgate.store.errors import UnknownTurn
 
 TRACE_SQL = """
 SELECT e.at, c.call_id, c.tool_name, e.operation_id, e.event, e.generation, e.detail

@@ -16,9 +16,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from store.errors import ConfigurationError, ErrorCode, ServiceUnavailable
+from callgate.store.errors import ConfigurationError, ErrorCode, ServiceUnavailable
 
-JOB_FUNCTION = "worker.jobs.run_call"
+JOB_FUNCTION = "callgate.worker.jobs.run_call"
 RESULT_STREAM_TTL_SECONDS = 24 * 3600
 FAILED_JOB_TTL_SECONDS = 24 * 3600
 

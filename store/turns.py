@@ -10,10 +10,10 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, insert, select, text
 
-from store import db
-from store.errors import InputError, UnknownTurn
-from store.schema import calls, operations, turns
-from store.types import CallContext, ProposedCall, Turn, TurnCall
+from callgate.store import db
+from callgate.store.errors import InputError, UnknownTurn
+from callgate.store.schema import calls, operations, turns
+from callgate.store.types import CallContext, ProposedCall, Turn, TurnCall
 
 RAW_ARGUMENTS = "$raw"  # key under which unparsed argument strings are stored
 

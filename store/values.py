@@ -16,7 +16,7 @@ import re
 from collections.abc import Mapping
 from typing import Any, NoReturn
 
-from store.errors import JSONValueError
+from callgate.store.errors import JSONValueError
 
 # Containers nested deeper than this are refused: real tool arguments nest a few levels, and
 # Python's own parser and serialiser give up (RecursionError) near 1,000.

@@ -18,8 +18,8 @@ import pytest
 import redis
 from sqlalchemy import Engine
 
-from store import db, migrate
-from worker.demo import downstream
+from callgate.store import db, migrate
+from callgate.worker.demo import downstream
 
 ADMIN_URL = os.environ.get("CALLGATE_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("CALLGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -31,15 +31,16 @@ def _database_url(name: str) -> str:
 
 
 @pytest.fixture(scope="session")
-def make_database() -> Iterator[Callable[[], str]]:
+def make_database() -> Iterator[Callable[..., str]]:
     """Create empty databases on demand; all are dropped at the end of the session."""
     created: list[str] = []
 
-    def make() -> str:
+    def make(template: str | None = None) -> str:
         name = f"callgate_test_{uuid.uuid4().hex[:12]}"
+        copy = f' TEMPLATE "{template}"' if template else ""
         try:
             with psycopg.connect(ADMIN_URL, autocommit=True, connect_timeout=5) as conn:
-                conn.execute(f'CREATE DATABASE "{name}"')
+                conn.execute(f'CREATE DATABASE "{name}"{copy}')
         except psycopg.OperationalError as exc:
             pytest.fail(f"PostgreSQL at {ADMIN_URL} is required for this test: {exc}")
         created.append(name)
@@ -51,15 +52,28 @@ def make_database() -> Iterator[Callable[[], str]]:
             conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
-@pytest.fixture(scope="session")
-def database_url(make_database: Callable[[], str]) -> str:
-    """One migrated database with the demo downstream, shared by a test session."""
-    url = make_database()
+def _migrated(url: str) -> str:
     engine = db.create(url)
     migrate.upgrade(engine)
     downstream.install(engine)
     engine.dispose()
     return url
+
+
+@pytest.fixture(scope="session")
+def database_url(make_database: Callable[..., str]) -> str:
+    """One migrated database with the demo downstream, shared by a test session."""
+    return _migrated(make_database())
+
+
+@pytest.fixture(scope="session")
+def make_own_database(make_database: Callable[..., str]) -> Callable[[], str]:
+    """Migrated databases of one's own, copied from a template nobody connects to.
+
+    For tests whose sweeper would otherwise re-dispatch other tests' open calls from the
+    shared database, and for tests that count rows across the whole database."""
+    template = _migrated(make_database()).rsplit("/", 1)[1]
+    return lambda: make_database(template)
 
 
 @pytest.fixture
@@ -97,5 +111,5 @@ def service_env(database_url: str, redis_url: str, queue_name: str) -> dict[str,
         "CALLGATE_REDIS_URL": redis_url,
         "CALLGATE_QUEUE": queue_name,
         # Named explicitly: no process falls back to the demo tools on its own.
-        "CALLGATE_TOOLS": "worker.demo.tools:demo_registry",
+        "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
     }

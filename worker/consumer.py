@@ -31,8 +31,8 @@ from rq import SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from worker import executor
-from worker.runtime import Runtime
+from callgate.worker import executor
+from callgate.worker.runtime import Runtime
 
 log = logging.getLogger("callgate.worker")
 

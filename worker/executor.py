@@ -28,8 +28,8 @@ from tenacity import (
     wait_exponential,
 )
 
-from store import approvals, calls, db, reservations, transport
-from store.errors import (
+from callgate.store import approvals, calls, db, reservations, transport
+from callgate.store.errors import (
     CallgateError,
     ErrorCode,
     ServiceUnavailable,
@@ -37,13 +37,13 @@ from store.errors import (
     ToolError,
     UnstorableValue,
 )
-from store.turns import RAW_ARGUMENTS
-from store.types import TERMINAL_STATES
-from worker import aio, gate, redaction, results
-from worker.heartbeat import Heartbeat
-from worker.intent import idempotency_key, intent_hash
-from worker.registry import Arguments, ExecutionContext, Facts, Principal, Tool
-from worker.runtime import Runtime
+from callgate.store.turns import RAW_ARGUMENTS
+from callgate.store.types import TERMINAL_STATES
+from callgate.worker import aio, gate, redaction, results
+from callgate.worker.heartbeat import Heartbeat
+from callgate.worker.intent import idempotency_key, intent_hash
+from callgate.worker.registry import Arguments, ExecutionContext, Facts, Principal, Tool
+from callgate.worker.runtime import Runtime
 
 log = logging.getLogger("callgate.worker")
 

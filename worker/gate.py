@@ -17,9 +17,9 @@ from jsonschema import ValidationError as SchemaError
 from jsonschema.exceptions import SchemaError as BadSchema
 from pydantic import ValidationError
 
-from store import values
-from store.errors import ConfigurationError, ErrorCode, JSONValueError, ToolError
-from worker.registry import Arguments, Facts, Principal, Registry, Tool
+from callgate.store import values
+from callgate.store.errors import ConfigurationError, ErrorCode, JSONValueError, ToolError
+from callgate.worker.registry import Arguments, Facts, Principal, Registry, Tool
 
 LAYERS = ("allowlist", "parse", "schema", "business", "authorization", "risk")
 

@@ -17,7 +17,7 @@ import weakref
 
 from sqlalchemy import Engine
 
-from store import db, reservations
+from callgate.store import db, reservations
 
 log = logging.getLogger("callgate.worker")
 

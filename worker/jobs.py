@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 
-from worker import executor, runtime
+from callgate.worker import executor, runtime
 
 
 def run_call(call_ref: str) -> str:

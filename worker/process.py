@@ -15,10 +15,10 @@ from types import FrameType
 
 from sqlalchemy import text
 
-from store import db, transport
-from store.settings import Settings
-from worker import redaction, runtime
-from worker.consumer import Consumer
+from callgate.store import db, transport
+from callgate.store.settings import Settings
+from callgate.worker import redaction, runtime
+from callgate.worker.consumer import Consumer
 
 
 def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> None:

@@ -16,8 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from store.errors import ConfigurationError, ErrorCode, StaleFence, ToolError
-from store.settings import Settings
+from callgate.store.errors import ConfigurationError, ErrorCode, StaleFence, ToolError
+from callgate.store.settings import Settings
 
 Kind = Literal["read", "write"]
 Arguments = BaseModel | dict[str, Any]  # a validated model, or a dict checked by JSON Schema
@@ -244,8 +244,8 @@ def load_allowlist(value: str) -> dict[str, list[str]]:
 
 MISSING_REGISTRY = (
     "CALLGATE_TOOLS is not set: name your tool registry as 'module:attribute' (a "
-    "worker.registry.Registry or a zero-argument callable returning one), e.g. "
-    "CALLGATE_TOOLS=worker.demo.tools:demo_registry for the demo tools"
+    "callgate.worker.registry.Registry or a zero-argument callable returning one), e.g. "
+    "CALLGATE_TOOLS=callgate.worker.demo.tools:demo_registry for the demo tools"
 )
 
 

@@ -1,9 +1,9 @@
 """Safe results: what a model may see of a tool's output. Pure: no I/O.
 
 A result is untrusted data. It is projected onto the tool's result schema (unknown fields
-dropped), secrets, tokens, passwords and stack traces are redacted (``worker.redaction``, in
-keys, values and name/value pairs), sizes are capped, and it is wrapped with its source and
-a trust label. Nothing in it is ever read back as an
+dropped), secrets, tokens, passwords and stack traces are redacted
+(``callgate.worker.redaction``, in keys, values and name/value pairs), sizes are capped,
+and it is wrapped with its source and a trust label. Nothing in it is ever read back as an
 instruction: callgate's registry, allowlists and principals come from code, configuration
 and the turn's server-trusted context, never from a result.
 """
@@ -17,9 +17,9 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from store.types import TRUST_LABEL
-from worker import redaction
-from worker.registry import ResultLimits, Tool
+from callgate.store.types import TRUST_LABEL
+from callgate.worker import redaction
+from callgate.worker.registry import ResultLimits, Tool
 
 REDACTED = redaction.REDACTED
 

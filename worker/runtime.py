@@ -8,9 +8,9 @@ import redis
 from rq import Queue
 from sqlalchemy import Engine
 
-from store import db, transport
-from store.settings import Settings
-from worker import registry as tool_registry
+from callgate.store import db, transport
+from callgate.store.settings import Settings
+from callgate.worker import registry as tool_registry
 
 # Connections of a worker process: K + 2 up to K = 8 (a call's statements never wait), at
 # most POOL_CONNECTIONS + 2 above (the lease renewals and the consumer's own statements).

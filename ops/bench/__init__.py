@@ -12,12 +12,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ops.bench import report
-from ops.bench.config import Config
-from ops.bench.procs import BenchError
-from ops.bench.runner import Bench
-from ops.bench.services import Services
-from store.settings import Settings
+from callgate.ops.bench import report
+from callgate.ops.bench.config import Config
+from callgate.ops.bench.procs import BenchError
+from callgate.ops.bench.runner import Bench
+from callgate.ops.bench.services import Services
+from callgate.store.settings import Settings
 
 __all__ = ["BenchError", "Config", "run"]
 

@@ -8,19 +8,19 @@ from typing import Any
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from ops.bench import measure, procs
-from ops.bench.services import Services, delete_keys, queue_name
-from ops.bench.workload import TURN, new_order
+from callgate.ops.bench import measure, procs
+from callgate.ops.bench.services import Services, delete_keys, queue_name
+from callgate.ops.bench.workload import TURN, new_order
 
 RESULT_TTL_SECONDS = 600  # long enough to read the timestamps; deleted right after
 
 
 def noops(calls: int) -> list[tuple[str, tuple[Any, ...]]]:
-    return [("ops.bench.jobs.noop", ())] * calls
+    return [("callgate.ops.bench.jobs.noop", ())] * calls
 
 
 def sleeps(calls: int, ms: int) -> list[tuple[str, tuple[Any, ...]]]:
-    return [("ops.bench.jobs.sleep_ms", (ms,))] * calls
+    return [("callgate.ops.bench.jobs.sleep_ms", (ms,))] * calls
 
 
 def refunds(services: Services, calls: int) -> list[tuple[str, tuple[Any, ...]]]:
@@ -30,7 +30,7 @@ def refunds(services: Services, calls: int) -> list[tuple[str, tuple[Any, ...]]]
         payment = f"pay-{new_order(services.engine, f'rq{t}')}"
         for i in range(start, min(calls, start + TURN)):
             key = f"bench-rq-{payment}-{i}"
-            jobs.append(("ops.bench.jobs.refund", (key, "tenant-a", payment, 1 + i)))
+            jobs.append(("callgate.ops.bench.jobs.refund", (key, "tenant-a", payment, 1 + i)))
     return jobs
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ops.bench import latency, measure, workload
-from ops.bench.services import Services
-from ops.bench.stack import running
+from callgate.ops.bench import latency, measure, workload
+from callgate.ops.bench.services import Services
+from callgate.ops.bench.stack import running
 
 DELAYS_MS = {"get_weather": 120, "get_stock": 280, "get_news": 200}
 

@@ -11,8 +11,8 @@ import os
 import time
 from functools import cache
 
-from store import db
-from worker.demo.downstream import Payments
+from callgate.store import db
+from callgate.worker.demo.downstream import Payments
 
 
 def noop() -> None:

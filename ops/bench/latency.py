@@ -8,10 +8,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ops.bench import measure
-from ops.bench.procs import BenchError
-from ops.bench.stack import Running
-from ops.bench.workload import CONTEXT, Proposal
+from callgate.ops.bench import measure
+from callgate.ops.bench.procs import BenchError
+from callgate.ops.bench.stack import Running
+from callgate.ops.bench.workload import CONTEXT, Proposal
 
 
 def closed_loop(run: Running, turns: Sequence[Sequence[Proposal]]) -> tuple[list[float], list[str]]:

@@ -14,7 +14,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from sqlalchemy import Engine, text
 
-from ops.bench.procs import BenchError
+from callgate.ops.bench.procs import BenchError
 
 # Over the calls of the given turns: how many, how many ended, the first reservation, the
 # last completion, the last publish and the last trace event (a duplicate delivery may come

@@ -13,11 +13,11 @@ from typing import Any
 
 from sqlalchemy import text
 
-from ops.bench import procs, workload
-from ops.bench.procs import BenchError
-from ops.bench.services import Services
-from ops.bench.stack import running
-from ops.bench.workload import CONTEXT
+from callgate.ops.bench import procs, workload
+from callgate.ops.bench.procs import BenchError
+from callgate.ops.bench.services import Services
+from callgate.ops.bench.stack import running
+from callgate.ops.bench.workload import CONTEXT
 
 HOLD_MS = 1500
 SETTLE_SECONDS = 1.0

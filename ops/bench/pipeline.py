@@ -8,12 +8,12 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ops.bench import measure, procs
-from ops.bench.procs import BenchError
-from ops.bench.services import Services, delete_keys, queue_name
-from ops.bench.workload import CONTEXT, Proposal
-from producer import Producer
-from store import transport
+from callgate.ops.bench import measure, procs
+from callgate.ops.bench.procs import BenchError
+from callgate.ops.bench.services import Services, delete_keys, queue_name
+from callgate.ops.bench.workload import CONTEXT, Proposal
+from callgate.producer import Producer
+from callgate.store import transport
 
 PUBLISH_TIMEOUT_SECONDS = 60.0
 

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from ops.stack import wait_for_workers
+from callgate.ops.stack import wait_for_workers
 
 BURST_TIMEOUT_SECONDS = 900.0
 
@@ -47,7 +47,7 @@ class Child:
 
 
 def callgate(args: list[str], env: Mapping[str, str]) -> Child:
-    return _spawn([sys.executable, "-m", "ops.cli", *args], env)
+    return _spawn([sys.executable, "-m", "callgate.ops.cli", *args], env)
 
 
 def rq_worker(queue: str, redis_url: str, env: Mapping[str, str]) -> Child:

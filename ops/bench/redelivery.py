@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from sqlalchemy import Engine, text
 
-from ops.bench.procs import BenchError
+from callgate.ops.bench.procs import BenchError
 
 EFFECTS_SQL = """
 SELECT count(*) AS operations,

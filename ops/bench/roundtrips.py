@@ -1,4 +1,6 @@
-"""Postgres and Redis traffic per call, counted in one process (``python -m ops.roundtrips``).
+"""Postgres and Redis traffic per call, counted in one process.
+
+``python -m callgate.ops.roundtrips`` runs it.
 
 Runs the producer, callgate's worker consumer (one call at a time), the relayer and fan-in
 in this process against ``CALLGATE_DATABASE_URL`` / ``CALLGATE_REDIS_URL``, so every
@@ -20,15 +22,15 @@ from typing import Any
 from rq import Queue, SimpleWorker
 from rq.serializers import JSONSerializer
 
-from ops.bench import counting
-from ops.bench.counting import COUNTS, phase
-from producer import Producer
-from store import db, migrate, relayer, transport
-from store.settings import Settings
-from worker import runtime
-from worker.consumer import Consumer
-from worker.demo import downstream
-from worker.demo.tools import DEMO_TOOLS, DemoServices, demo_registry
+from callgate.ops.bench import counting
+from callgate.ops.bench.counting import COUNTS, phase
+from callgate.producer import Producer
+from callgate.store import db, migrate, relayer, transport
+from callgate.store.settings import Settings
+from callgate.worker import runtime
+from callgate.worker.consumer import Consumer
+from callgate.worker.demo import downstream
+from callgate.worker.demo.tools import DEMO_TOOLS, DemoServices, demo_registry
 
 PHASES = ("submit", "worker", "relayer", "collect")
 CONTEXT = {"request_id": "rt", "tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
@@ -136,7 +138,7 @@ def _submit(producer: Producer, engine: Any, *, calls: int, kind: str) -> list[s
 
 def _bare_rq(connection: Any, calls: int) -> dict[str, float]:
     queue = Queue(f"rt-rq-{uuid.uuid4().hex[:8]}", connection=connection, serializer=JSONSerializer)
-    datas = [Queue.prepare_data("ops.bench.jobs.noop", result_ttl=0) for _ in range(calls)]
+    datas = [Queue.prepare_data("callgate.ops.bench.jobs.noop", result_ttl=0) for _ in range(calls)]
     with phase("rq_enqueue"):
         queue.enqueue_many(datas)
     _rq_burst(queue, "rq_worker")

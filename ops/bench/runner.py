@@ -15,12 +15,12 @@ from typing import Any
 
 import click
 
-from ops.bench import bare, fanin, latency, measure, memory, pipeline, redelivery, workload
-from ops.bench.config import IO_DELAY_MS, Config
-from ops.bench.procs import BenchError
-from ops.bench.services import Services
-from ops.bench.stack import running
-from store.settings import Settings
+from callgate.ops.bench import bare, fanin, latency, measure, memory, pipeline, redelivery, workload
+from callgate.ops.bench.config import IO_DELAY_MS, Config
+from callgate.ops.bench.procs import BenchError
+from callgate.ops.bench.services import Services
+from callgate.ops.bench.stack import running
+from callgate.store.settings import Settings
 
 # What a `callgate worker` runs at once when nothing says otherwise.
 DEFAULT_CONCURRENCY = Settings(None, None, None).worker_concurrency
@@ -154,7 +154,7 @@ class Bench:
             "CALLGATE_DATABASE_URL": self.services.database_url,
             "CALLGATE_REDIS_URL": self.services.redis_url,
         }
-        argv = [sys.executable, "-m", "ops.bench.roundtrips", "--json", "--kind", kind]
+        argv = [sys.executable, "-m", "callgate.ops.bench.roundtrips", "--json", "--kind", kind]
         argv += ["--calls", str(self.config.roundtrip_calls)]
         done = subprocess.run(
             argv, env={**_environ(), **env}, capture_output=True, text=True, timeout=300

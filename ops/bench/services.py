@@ -9,10 +9,10 @@ from functools import cached_property
 import redis
 from sqlalchemy import Engine, text
 
-from store import db, migrate, transport
-from store.settings import Settings
-from worker.demo import downstream
-from worker.demo.tools import DEMO_TOOLS
+from callgate.store import db, migrate, transport
+from callgate.store.settings import Settings
+from callgate.worker.demo import downstream
+from callgate.worker.demo.tools import DEMO_TOOLS
 
 # callgate's tables a bench run writes to (see Services.tidy).
 TABLES = tuple(

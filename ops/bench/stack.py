@@ -7,9 +7,9 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ops.bench import procs
-from ops.bench.services import Services, delete_keys, queue_name
-from producer import Producer
+from callgate.ops.bench import procs
+from callgate.ops.bench.services import Services, delete_keys, queue_name
+from callgate.producer import Producer
 
 
 @dataclass

@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from worker.demo import downstream
+from callgate.worker.demo import downstream
 
 CONTEXT = {
     "request_id": "bench",

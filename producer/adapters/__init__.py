@@ -1,4 +1,4 @@
-"""Provider adapters: one per API surface, never one per company (seed §3.5, §9.1).
+"""Provider adapters: one per API surface, never one per company.
 
 An adapter only translates. It turns a surface's response into ``ProposedCall``s, turns
 correlated results back into that surface's tool-result message, and renders tool
@@ -6,7 +6,7 @@ definitions in the surface's schema form. Authorization, approval and idempotenc
 the gate and the executor. Everything here is pure: no I/O, no SDK imports (SDK response
 objects are read through their ``model_dump``).
 
-    from producer.adapters import read_proposals, write_results, tool_definitions
+    from callgate.producer.adapters import read_proposals, write_results, tool_definitions
 
     calls = read_proposals("anthropic-messages", message, known_tools={"get_weather"})
     ...
@@ -25,7 +25,7 @@ from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from producer.adapters import (
+from callgate.producer.adapters import (
     anthropic_messages,
     gemini_generate_content,
     gemini_interactions,
@@ -33,11 +33,17 @@ from producer.adapters import (
     openai_responses,
     streaming,
 )
-from producer.adapters.base import AdapterCorrelationError, AdapterError, fail, show, to_plain
-from producer.adapters.definitions import ToolSpec, specs
-from producer.adapters.results import Result, as_proposals, correlate
-from store.errors import ErrorCode
-from store.types import ProposedCall
+from callgate.producer.adapters.base import (
+    AdapterCorrelationError,
+    AdapterError,
+    fail,
+    show,
+    to_plain,
+)
+from callgate.producer.adapters.definitions import ToolSpec, specs
+from callgate.producer.adapters.results import Result, as_proposals, correlate
+from callgate.store.errors import ErrorCode
+from callgate.store.types import ProposedCall
 
 __all__ = [
     "SURFACES",
@@ -100,7 +106,7 @@ def read_proposals(
     ``AdapterError`` before anything is returned: ``invalid_provider_envelope``,
     ``missing_tool_calls``, ``malformed_tool_calls``, ``invalid_arguments_json``,
     ``duplicate_call_id``, ``unknown_tool`` (a name not in ``known_tools`` after the
-    reverse name mapping of ``producer.adapters.names``), ``invalid_tool_call_field``.
+    reverse name mapping of ``callgate.producer.adapters.names``), ``invalid_tool_call_field``.
     Arguments come back as a parsed JSON object. A response that never finished — a null
     stop/finish reason or status, as in an SDK stream helper's snapshot of a cut-off stream
     (``get_final_message()``, ``get_final_completion()``) or an SDK object without one — is
@@ -118,7 +124,7 @@ def read_stream(
     Every surface: the SDK's raw stream events or chunks, the events of its stream helpers
     (``chat.completions.stream()``, ``responses.stream()``, ``messages.stream()``), Gemini
     chunks including Vertex AI's streamed arguments (``partialArgs``), and Gemini
-    Interactions events (see ``producer.adapters.streaming``). Arguments that reassemble to
+    Interactions events (see ``callgate.producer.adapters.streaming``). Arguments that reassemble to
     invalid JSON raise ``invalid_arguments_json``; a stream that stops before its stop signal
     is refused.
     """
@@ -159,7 +165,7 @@ def tool_definitions(surface: str, tools: Iterable[object]) -> list[dict[str, An
 
     Each tool is a mapping or an object with ``name``, ``description`` and ``parameters`` (a
     JSON Schema for an object; an object with a pydantic ``arguments`` model works too).
-    Names the surface does not accept are encoded reversibly (``producer.adapters.names``);
+    Names the surface does not accept are encoded reversibly (``callgate.producer.adapters.names``);
     ``read_proposals`` maps them back.
     """
     return _adapter(surface).tools(specs(tools))

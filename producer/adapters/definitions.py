@@ -6,8 +6,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from producer.adapters.base import fail, show
-from store.errors import ErrorCode
+from callgate.producer.adapters.base import fail, show
+from callgate.store.errors import ErrorCode
 
 
 @dataclass(frozen=True)

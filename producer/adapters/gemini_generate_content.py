@@ -25,8 +25,8 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from producer.adapters import gemini_ids, names
-from producer.adapters.base import (
+from callgate.producer.adapters import gemini_ids, names
+from callgate.producer.adapters.base import (
     arr,
     fail,
     get,
@@ -36,10 +36,10 @@ from producer.adapters.base import (
     show,
     unique,
 )
-from producer.adapters.definitions import ToolSpec
-from producer.adapters.results import Result, body
-from store.errors import ErrorCode
-from store.types import ProposedCall
+from callgate.producer.adapters.definitions import ToolSpec
+from callgate.producer.adapters.results import Result, body
+from callgate.store.errors import ErrorCode
+from callgate.store.types import ProposedCall
 
 SURFACE = "gemini-generate-content"
 _decode = partial(names.tool_name, SURFACE)

@@ -24,10 +24,10 @@ from __future__ import annotations
 import hashlib
 import json
 
-from producer.adapters.base import fail
-from producer.adapters.results import Result
-from store.errors import ErrorCode
-from store.types import ProposedCall
+from callgate.producer.adapters.base import fail
+from callgate.producer.adapters.results import Result
+from callgate.store.errors import ErrorCode
+from callgate.store.types import ProposedCall
 
 PREFIX = "callgate-gemini-"
 # Stand-in ids while a response is read; replaced once every call's content is known.

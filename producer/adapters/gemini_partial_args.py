@@ -26,8 +26,8 @@ import math
 import re
 from typing import Any
 
-from producer.adapters.base import MAX_JSON_DEPTH, arr, fail, get, obj, text
-from store.errors import ErrorCode
+from callgate.producer.adapters.base import MAX_JSON_DEPTH, arr, fail, get, obj, text
+from callgate.store.errors import ErrorCode
 
 # One step of a normalised JSON Path: .name, [index], ['name'] or ["name"].
 _STEP = re.compile(

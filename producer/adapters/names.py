@@ -22,8 +22,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from producer.adapters.base import fail
-from store.errors import ErrorCode
+from callgate.producer.adapters.base import fail
+from callgate.store.errors import ErrorCode
 
 PREFIX = "cg-"
 _ESCAPE = re.compile(r"-([0-9a-f]{2})")

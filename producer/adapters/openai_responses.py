@@ -22,12 +22,20 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
-from producer.adapters import names
-from producer.adapters.base import arr, fail, obj, proposal, refuse_null_reason, show, unique
-from producer.adapters.definitions import ToolSpec
-from producer.adapters.results import Result, body_text
-from store.errors import ErrorCode
-from store.types import ProposedCall
+from callgate.producer.adapters import names
+from callgate.producer.adapters.base import (
+    arr,
+    fail,
+    obj,
+    proposal,
+    refuse_null_reason,
+    show,
+    unique,
+)
+from callgate.producer.adapters.definitions import ToolSpec
+from callgate.producer.adapters.results import Result, body_text
+from callgate.store.errors import ErrorCode
+from callgate.store.types import ProposedCall
 
 SURFACE = "openai-responses"
 _decode = partial(names.tool_name, SURFACE)

@@ -1,10 +1,10 @@
 """Outbound: assert complete correlation, then give each result one JSON body.
 
-Pure: no I/O. This mirrors ``producer.fanin.correlate`` with one deliberate difference: fan-in
-drops an *identical* second copy of a result (the relayer may publish twice), while here any
-second result for a call is ``duplicate_result`` — by the time results are serialised for a
-provider they have been fanned in already, so a repeat is the caller's mistake. Checks run in
-this order: non-terminal, duplicate, extra, tool name, then missing.
+Pure: no I/O. This mirrors ``callgate.producer.fanin.correlate`` with one deliberate
+difference: fan-in drops an *identical* second copy of a result (the relayer may publish
+twice), while here any second result for a call is ``duplicate_result`` — by the time
+results are serialised for a provider they have been fanned in already, so a repeat is the
+caller's mistake. Checks run in this order: non-terminal, duplicate, extra, tool name, then missing.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 from pydantic_core import PydanticSerializationError
 
-from producer.adapters.base import AdapterCorrelationError, AdapterError, show
-from store.errors import ErrorCode
-from store.types import (
+from callgate.producer.adapters.base import AdapterCorrelationError, AdapterError, show
+from callgate.store.errors import ErrorCode
+from callgate.store.types import (
     RESULT_ADAPTER,
     TERMINAL_STATES,
     TRUST_LABEL,

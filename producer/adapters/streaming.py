@@ -19,7 +19,7 @@ cut off mid-stream must never run. So is one whose stop signal says the output w
 - ``gemini-generate-content``: each chunk is a partial response; the parts of all chunks are
   concatenated. Function calls arrive whole, except with Vertex AI's streamed arguments
   (``partialArgs``, ``willContinue``), which are put back together first
-  (``producer.adapters.gemini_partial_args``).
+  (``callgate.producer.adapters.gemini_partial_args``).
 - ``gemini-interactions``: ``step.start`` / ``step.delta`` / ``step.stop`` events by
   ``index``; a ``function_call`` step's ``arguments_delta`` pieces are joined and parsed as
   its arguments (no pieces: the start event's arguments). The terminal
@@ -36,17 +36,17 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from producer.adapters import (
+from callgate.producer.adapters import (
     anthropic_messages,
     gemini_generate_content,
     gemini_interactions,
     openai_chat,
     openai_responses,
 )
-from producer.adapters.base import arr, fail, get, obj, to_plain
-from producer.adapters.gemini_partial_args import PartialCalls
-from store.errors import ErrorCode
-from store.types import ProposedCall
+from callgate.producer.adapters.base import arr, fail, get, obj, to_plain
+from callgate.producer.adapters.gemini_partial_args import PartialCalls
+from callgate.store.errors import ErrorCode
+from callgate.store.types import ProposedCall
 
 
 def _events(events: object) -> list[dict[str, object]]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from alembic import context
 
-from store.schema import SCHEMA, metadata
+from callgate.store.schema import SCHEMA, metadata
 
 connection = context.config.attributes["connection"]
 context.configure(

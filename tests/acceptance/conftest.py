@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
-from ops.stack import Stack, wait_for_workers
-from producer import Producer
-from store.settings import Settings
+from callgate.ops.stack import Stack, wait_for_workers
+from callgate.producer import Producer
+from callgate.store.settings import Settings
 
 SUPPORT_A = {
     "request_id": "req-t",
@@ -97,7 +97,7 @@ def callgate(
 ) -> subprocess.CompletedProcess[str]:
     """Run the CLI as a user does: a subprocess, its output and exit code."""
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
+        [sys.executable, "-m", "callgate.ops.cli", *args],
         env={**os.environ, **(env or {})},
         input=stdin,
         capture_output=True,

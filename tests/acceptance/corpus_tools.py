@@ -18,9 +18,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from store.errors import ErrorCode, ToolError
+from callgate.store.errors import ErrorCode, ToolError
+from callgate.worker.registry import READ_ONLY, ExecutionContext, Facts, Principal, Registry, Tool
 from tests.redaction_corpus import build
-from worker.registry import READ_ONLY, ExecutionContext, Facts, Principal, Registry, Tool
 
 CORPUS = build()
 

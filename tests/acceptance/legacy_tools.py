@@ -32,9 +32,16 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from store.errors import ErrorCode, StaleFence, ToolError
-from worker.demo.tools import DemoServices, demo_registry
-from worker.registry import READ_ONLY, Downstream, ExecutionContext, Registry, SideEffect, Tool
+from callgate.store.errors import ErrorCode, StaleFence, ToolError
+from callgate.worker.demo.tools import DemoServices, demo_registry
+from callgate.worker.registry import (
+    READ_ONLY,
+    Downstream,
+    ExecutionContext,
+    Registry,
+    SideEffect,
+    Tool,
+)
 
 IRREVERSIBLE = SideEffect(idempotent=False, reversible=False)
 

@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from ops.stack import Stack, wait_for_workers
-from producer import Producer
-from store import db, transport
-from store.settings import Settings
+from callgate.ops.stack import Stack, wait_for_workers
+from callgate.producer import Producer
+from callgate.store import db, transport
+from callgate.store.settings import Settings
 from tests.acceptance import legacy_tools
 from tests.acceptance.conftest import SUPPORT_A, scalar
 from tests.acceptance.processes import PrivateRedis
@@ -27,6 +27,13 @@ FAST = {
     "CALLGATE_STALE_SECONDS": "1",
 }
 NO_DELAY = {"CALLGATE_DEMO_DELAY_MS": ""}
+
+
+@pytest.fixture
+def database_url(make_own_database: Callable[[], str]) -> str:
+    """A private stack has its own database too: its sweeper must not re-dispatch the open
+    calls other tests left in the shared one (a test that counts refunds would count theirs)."""
+    return make_own_database()
 
 
 @pytest.fixture

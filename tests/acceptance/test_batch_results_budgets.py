@@ -9,9 +9,10 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from producer import Producer
-from store import transport
-from store.settings import Settings
+from callgate.producer import Producer
+from callgate.store import transport
+from callgate.store.settings import Settings
+from callgate.worker.demo.downstream import INJECTION_EMAIL, MAILBOX, POLICY_EMAILS
 from tests.acceptance.conftest import (
     SUPPORT_A,
     callgate,
@@ -21,7 +22,6 @@ from tests.acceptance.conftest import (
     wait_until,
 )
 from tests.acceptance.test_gate import approvals_of, final, producer_env, submit_one
-from worker.demo.downstream import INJECTION_EMAIL, MAILBOX, POLICY_EMAILS
 
 VIEWER_A = {
     "request_id": "req-v",

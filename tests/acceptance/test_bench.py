@@ -28,7 +28,7 @@ def test_quick_bench_writes_its_results_and_its_checks_hold(
         "CALLGATE_REDIS_URL": redis_url,
     }
     done = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "bench", "--quick", "--out", str(out)],
+        [sys.executable, "-m", "callgate.ops.cli", "bench", "--quick", "--out", str(out)],
         env=env,
         capture_output=True,
         text=True,

@@ -13,14 +13,14 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine, text
 
-from ops.stack import Stack, wait_for_workers
-from producer import Producer
-from store.types import Turn
+from callgate.ops.stack import Stack, wait_for_workers
+from callgate.producer import Producer
+from callgate.store.types import Turn
 from tests.acceptance.conftest import SUPPORT_A, wait_until
-from tests.acceptance.private_stack import env, make_producer
+from tests.acceptance.private_stack import database_url, env, make_producer
 from tests.acceptance.processes import PrivateRedis, private_redis, terminate_backends
 
-__all__ = ["env", "make_producer", "private_redis"]  # fixtures, for pytest
+__all__ = ["database_url", "env", "make_producer", "private_redis"]  # fixtures, for pytest
 
 WORKERS = 3
 TURNS = 24

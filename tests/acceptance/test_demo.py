@@ -11,7 +11,7 @@ import sys
 def test_demo_runs_on_embedded_services_and_checks_its_invariants(tmp_path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
     proc = subprocess.run(
-        [sys.executable, "-m", "ops.cli", "demo", "--data-dir", str(tmp_path / "data")],
+        [sys.executable, "-m", "callgate.ops.cli", "demo", "--data-dir", str(tmp_path / "data")],
         env=env,
         capture_output=True,
         text=True,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from producer import Producer
+from callgate.producer import Producer
 from tests.acceptance.conftest import SUPPORT_A, requests_for, trace_events, wait_until
 from tests.acceptance.test_gate import submit_one
 
@@ -60,7 +60,7 @@ def _run(
     *args: str, env: dict[str, str], stdin: str | None = None
 ) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "ops.cli", *args],
+        [sys.executable, "-m", "callgate.ops.cli", *args],
         env=env,
         input=stdin,
         capture_output=True,
@@ -89,7 +89,7 @@ def test_no_registry_configured_is_one_clear_line(service_env, tmp_path: Path, c
     assert "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("callgate: invalid_configuration: ")
-    assert "CALLGATE_TOOLS" in line and "worker.demo.tools:demo_registry" in line
+    assert "CALLGATE_TOOLS" in line and "callgate.worker.demo.tools:demo_registry" in line
     if command[0] == "submit":
         # Refused before anything was recorded.
         assert "turn" not in proc.stdout

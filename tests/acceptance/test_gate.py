@@ -15,8 +15,12 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from producer import Producer
-from store import approvals, transport
+from callgate.producer import Producer
+from callgate.store import approvals, transport
+from callgate.worker.demo import downstream
+from callgate.worker.demo.tools import DEFAULT_APPROVAL_AMOUNT, DemoServices, demo_registry
+from callgate.worker.intent import idempotency_key, intent_hash
+from callgate.worker.registry import Principal
 from tests.acceptance.conftest import (
     SUPPORT_A,
     call_row,
@@ -27,10 +31,6 @@ from tests.acceptance.conftest import (
     trace_events,
     wait_until,
 )
-from worker.demo import downstream
-from worker.demo.tools import DEFAULT_APPROVAL_AMOUNT, DemoServices, demo_registry
-from worker.intent import idempotency_key, intent_hash
-from worker.registry import Principal
 
 SUPPORT_B = {
     "request_id": "req-b",
@@ -391,7 +391,7 @@ def producer_env(producer: Producer) -> dict[str, str]:
         "CALLGATE_DATABASE_URL": s.require_database(),
         "CALLGATE_REDIS_URL": s.require_redis(),
         "CALLGATE_QUEUE": s.queue,
-        "CALLGATE_TOOLS": "worker.demo.tools:demo_registry",
+        "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
     }
 
 

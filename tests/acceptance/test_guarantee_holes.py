@@ -24,6 +24,7 @@ from tests.acceptance.conftest import (
 )
 from tests.acceptance.private_stack import (
     code_of,
+    database_url,
     dispatches,
     env,
     key_of,
@@ -35,7 +36,7 @@ from tests.acceptance.private_stack import (
 )
 from tests.acceptance.processes import private_redis, terminate_backends
 
-__all__ = ["env", "make_producer", "private_redis", "start"]  # fixtures, for pytest
+__all__ = ["database_url", "env", "make_producer", "private_redis", "start"]  # fixtures, for pytest
 
 # --- hole 1: an expired lease is re-dispatched until someone takes it ---------------------
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from producer import Producer
-from producer.fanin import FanIn
-from store import transport
+from callgate.producer import Producer
+from callgate.producer.fanin import FanIn
+from callgate.store import transport
 from tests.acceptance.conftest import (
     REFUND_O17,
     SUPPORT_A,

@@ -9,9 +9,10 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
-from producer import Producer
+from callgate.producer import Producer
 from tests.acceptance.conftest import SUPPORT_A, effects_for, requests_for, wait_until
 from tests.acceptance.private_stack import (
+    database_url,
     env,
     key_of,
     make_producer,
@@ -20,7 +21,7 @@ from tests.acceptance.private_stack import (
 )
 from tests.acceptance.processes import private_redis
 
-__all__ = ["env", "make_producer", "private_redis", "start"]  # fixtures, for pytest
+__all__ = ["database_url", "env", "make_producer", "private_redis", "start"]  # fixtures, for pytest
 
 K = 8
 

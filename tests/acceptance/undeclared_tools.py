@@ -8,8 +8,8 @@ says nothing about itself. Workers load it with
 
 from __future__ import annotations
 
+from callgate.worker.registry import Registry, Tool
 from tests.acceptance import legacy_tools
-from worker.registry import Registry, Tool
 
 
 def registry() -> Registry:

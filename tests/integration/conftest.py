@@ -8,10 +8,10 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from producer import Producer
-from store import db, transport
-from store.settings import Settings
-from worker.demo.tools import demo_registry
+from callgate.producer import Producer
+from callgate.store import db, transport
+from callgate.store.settings import Settings
+from callgate.worker.demo.tools import demo_registry
 
 
 @pytest.fixture

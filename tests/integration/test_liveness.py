@@ -14,13 +14,13 @@ import uuid
 import pytest
 from sqlalchemy import Engine, text
 
-from producer.planning import plan
-from store import reservations, sweeper, turns
-from store.errors import StaleFence, UnstorableValue
-from store.types import CallContext, ProposedCall
-from worker.demo.tools import demo_registry
-from worker.heartbeat import Heartbeat
-from worker.registry import ExecutionContext
+from callgate.producer.planning import plan
+from callgate.store import reservations, sweeper, turns
+from callgate.store.errors import StaleFence, UnstorableValue
+from callgate.store.types import CallContext, ProposedCall
+from callgate.worker.demo.tools import demo_registry
+from callgate.worker.heartbeat import Heartbeat
+from callgate.worker.registry import ExecutionContext
 
 CTX = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 

@@ -15,14 +15,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
-from producer import Producer
-from producer.planning import plan
-from store import db, transport, turns
-from store.errors import CallgateError, ErrorCode
-from store.settings import Settings
-from store.types import CallContext, ProposedCall
+from callgate.producer import Producer
+from callgate.producer.planning import plan
+from callgate.store import db, transport, turns
+from callgate.store.errors import CallgateError, ErrorCode
+from callgate.store.settings import Settings
+from callgate.store.types import CallContext, ProposedCall
+from callgate.worker.demo.tools import demo_registry
 from tests.integration.conftest import stored
-from worker.demo.tools import demo_registry
 
 CTX: dict[str, Any] = {
     "request_id": "req-1",

@@ -9,11 +9,11 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
-from producer.planning import plan
-from store import approvals, db, migrate, reservations, sweeper, transport, turns
-from store.errors import InputError
-from store.types import CallContext, ProposedCall
-from worker.demo.tools import demo_registry
+from callgate.producer.planning import plan
+from callgate.store import approvals, db, migrate, reservations, sweeper, transport, turns
+from callgate.store.errors import InputError
+from callgate.store.types import CallContext, ProposedCall
+from callgate.worker.demo.tools import demo_registry
 
 A = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 B = CallContext(request_id="r", tenant_id="tenant-b", user_id="user-42", roles=("support",))
@@ -174,7 +174,7 @@ def test_a_refusal_never_ends_a_call_a_delivery_has_started(engine: Engine) -> N
 
 def _record_turn(engine: Engine, ctx: CallContext, *topics: str, budget: int = 2) -> list[str]:
     """Record get_news calls through the budget rules; return each call's error code or ''."""
-    from producer.budgets import apply_budgets
+    from callgate.producer.budgets import apply_budgets
 
     calls = [
         ProposedCall(call_id=f"c{i}", tool_name="get_news", arguments={"topic": t})

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from store.errors import ErrorCode, ToolError
-from worker import gate
-from worker.demo.tools import READS, WRITES, demo_registry
-from worker.registry import Registry
+from callgate.store.errors import ErrorCode, ToolError
+from callgate.worker import gate
+from callgate.worker.demo.tools import READS, WRITES, demo_registry
+from callgate.worker.registry import Registry
 
 ALL_TOOLS = {
     "get_weather",

@@ -9,17 +9,17 @@ from typing import Any
 
 import pytest
 
-from producer.budgets import apply_budgets
-from producer.planning import arguments_hash, plan
-from store.errors import ConfigurationError, ErrorCode, ToolError
-from store.turns import ConversationFacts
-from store.types import CallContext, ProposedCall
-from worker import gate
-from worker.demo.tools import demo_registry
-from worker.registry import ResultLimits, Tool, from_env, load_allowlist
-from worker.results import TRUST_LABEL, redact_text, safe_error, safe_result
+from callgate.producer.budgets import apply_budgets
+from callgate.producer.planning import arguments_hash, plan
+from callgate.store.errors import ConfigurationError, ErrorCode, ToolError
+from callgate.store.turns import ConversationFacts
+from callgate.store.types import CallContext, ProposedCall
+from callgate.worker import gate
+from callgate.worker.demo.tools import demo_registry
+from callgate.worker.registry import ResultLimits, Tool, from_env, load_allowlist
+from callgate.worker.results import TRUST_LABEL, redact_text, safe_error, safe_result
 
-DEMO = {"CALLGATE_TOOLS": "worker.demo.tools:demo_registry"}
+DEMO = {"CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry"}
 
 WEATHER_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -320,3 +320,29 @@ def test_a_refused_write_does_not_hold_back_the_next_write() -> None:
 def test_unparseable_arguments_hash_by_their_exact_text() -> None:
     assert arguments_hash('{"a":') == arguments_hash('{"a":')
     assert arguments_hash('{"a":') != arguments_hash('{"a": ')
+
+
+def test_an_identical_write_twice_in_one_turn_runs_once_and_names_the_first() -> None:
+    refund = {"order_id": "O-1", "amount": 1, "currency": "KRW"}
+    planned = _planned(
+        ("refund_payment", refund),
+        ("get_stock", {"symbol": "NVDA"}),
+        ("get_stock", {"symbol": "NVDA"}),  # identical reads both run
+        ("refund_payment", {"currency": "KRW", "amount": 1, "order_id": "O-1"}),
+        ("refund_payment", {**refund, "amount": 2}),  # another amount is another write
+    )
+    out = apply_budgets(
+        planned, ConversationFacts(0, frozenset()), turn_budget=9, conversation_budget=99
+    )
+    assert [p.refusal["code"] if p.refusal else None for p in out] == [
+        None,
+        None,
+        None,
+        "repeated_call",
+        None,
+    ]
+    (detail,) = out[3].refusal["details"]
+    assert detail["code"] == "repeated_in_turn"
+    assert planned[0].proposal.call_id in detail["expected"]
+    # The refused repeat holds nothing back: the next write follows the first.
+    assert out[4].after == out[0].ref

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from worker.intent import canonical_json, idempotency_key, intent_hash
+from callgate.worker.intent import canonical_json, idempotency_key, intent_hash
 
 BASE: dict[str, Any] = {
     "arguments": {"order_id": "A-100", "amount": 5000, "currency": "KRW"},

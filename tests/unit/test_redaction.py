@@ -11,9 +11,9 @@ from urllib.parse import quote
 
 import pytest
 
+from callgate.worker.registry import Tool
+from callgate.worker.results import TRUST_LABEL, safe_error, safe_result
 from tests.acceptance.corpus_tools import CORPUS, registry
-from worker.registry import Tool
-from worker.results import TRUST_LABEL, safe_error, safe_result
 
 JWT = (
     "eyJhbGciOiJIUzI1NiIsInR5cCI6IkpXVCJ9.eyJzdWIiOiJ1c2VyLTQyIiwic2NvcGUiOiJhZG1pbiJ9"
@@ -159,7 +159,7 @@ def test_ordinary_values_survive(plain: str) -> None:
 def test_log_records_are_redacted_with_their_exception_text(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from worker import redaction
+    from callgate.worker import redaction
 
     log = logging.getLogger("callgate.test")
     record_filter = redaction.RedactingFilter()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from store.errors import ConfigurationError, ErrorCode
-from store.settings import Settings
-from worker.demo import delays
+from callgate.store.errors import ConfigurationError, ErrorCode
+from callgate.store.settings import Settings
+from callgate.worker.demo import delays
 
 # --- Settings --------------------------------------------------------------------------
 
@@ -101,7 +101,7 @@ def test_submit_limits_are_read_and_bounded() -> None:
     "url", ["http://x", "postgresql://127.0.0.1/x", "redis://:6379:x:y/abc", "nonsense", ""]
 )
 def test_a_redis_url_redis_cannot_use_is_a_configuration_error(url: str) -> None:
-    from store import transport
+    from callgate.store import transport
 
     with pytest.raises(ConfigurationError) as info:
         transport.connect(url)
@@ -109,7 +109,7 @@ def test_a_redis_url_redis_cannot_use_is_a_configuration_error(url: str) -> None
 
 
 def test_a_redis_url_with_a_password_is_never_echoed() -> None:
-    from store import transport
+    from callgate.store import transport
 
     with pytest.raises(ConfigurationError) as info:
         transport.connect("http://user:s3cret@x")

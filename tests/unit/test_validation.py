@@ -11,20 +11,20 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from producer.planning import arguments_hash, plan
-from producer.validation import (
+from callgate.producer.planning import arguments_hash, plan
+from callgate.producer.validation import (
     MAX_ID_LENGTH,
     MAX_ROLES,
     Limits,
     check_id,
     check_submission,
 )
-from store import values
-from store.errors import ErrorCode, InputError, JSONValueError, ToolError
-from store.settings import Settings
-from store.types import CallContext, ProposedCall
-from worker import gate
-from worker.demo.tools import demo_registry
+from callgate.store import values
+from callgate.store.errors import ErrorCode, InputError, JSONValueError, ToolError
+from callgate.store.settings import Settings
+from callgate.store.types import CallContext, ProposedCall
+from callgate.worker import gate
+from callgate.worker.demo.tools import demo_registry
 
 LIMITS = Limits(max_call_bytes=1024, max_turn_calls=4)
 CTX: dict[str, Any] = {"request_id": "r", "tenant_id": "t", "user_id": "u", "roles": ["support"]}
@@ -235,8 +235,8 @@ def test_refund_order_id_is_bounded_by_its_schema(order_id: str) -> None:
 def test_a_lookup_the_database_refuses_is_invalid_arguments_not_upstream() -> None:
     from sqlalchemy.exc import DataError
 
-    from worker.demo.tools import DemoServices
-    from worker.registry import Principal
+    from callgate.worker.demo.tools import DemoServices
+    from callgate.worker.registry import Principal
 
     class Refusing:
         def lookup_order(self, order_id: str) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import math
 
-from store.errors import ConfigurationError
+from callgate.store.errors import ConfigurationError
 
 Delays = dict[str, tuple[float, float]]
 

@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from store.errors import ErrorCode, StaleFence, ToolError
+from callgate.store.errors import ErrorCode, StaleFence, ToolError
 
 SCHEMA_SQL = """
 CREATE SCHEMA IF NOT EXISTS downstream;

@@ -34,12 +34,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import Engine
 from sqlalchemy.exc import DataError
 
-from store import db
-from store.errors import ConfigurationError, ErrorCode, ToolError
-from store.settings import Settings
-from worker.demo import delays as demo_delays
-from worker.demo.downstream import Mail, Mailbox, Payments
-from worker.registry import (
+from callgate.store import db
+from callgate.store.errors import ConfigurationError, ErrorCode, ToolError
+from callgate.store.settings import Settings
+from callgate.worker.demo import delays as demo_delays
+from callgate.worker.demo.downstream import Mail, Mailbox, Payments
+from callgate.worker.registry import (
     READ_ONLY,
     Downstream,
     ExecutionContext,
@@ -51,7 +51,7 @@ from worker.registry import (
 )
 
 # What ``callgate demo`` sets CALLGATE_TOOLS to; anything else must name its registry.
-DEMO_TOOLS = "worker.demo.tools:demo_registry"
+DEMO_TOOLS = "callgate.worker.demo.tools:demo_registry"
 
 READS = ("get_weather", "get_stock", "get_news", "read_email")
 WRITES = ("refund_payment", "send_email", "delete_emails")

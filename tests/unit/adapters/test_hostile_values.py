@@ -12,10 +12,16 @@ from typing import Any
 
 import pytest
 
-from producer.adapters import SURFACES, AdapterError, read_proposals, read_stream, write_results
-from producer.adapters.base import show
-from producer.mcp import normalise_result
-from store.types import ProposedCall
+from callgate.producer.adapters import (
+    SURFACES,
+    AdapterError,
+    read_proposals,
+    read_stream,
+    write_results,
+)
+from callgate.producer.adapters.base import show
+from callgate.producer.mcp import normalise_result
+from callgate.store.types import ProposedCall
 
 from .support import inbound
 

@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from producer.adapters import read_proposals, read_stream, tool_definitions, write_results
-from store.types import (
+from callgate.producer.adapters import read_proposals, read_stream, tool_definitions, write_results
+from callgate.store.types import (
     AppError,
     FailedRetryable,
     FailedTerminal,

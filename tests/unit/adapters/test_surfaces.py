@@ -1,4 +1,4 @@
-"""Per-surface behaviour beyond the seed fixture: shapes accepted and refused, Gemini ids,
+"""Per-surface behaviour beyond the reference fixture: shapes accepted and refused, Gemini ids,
 name mapping, outbound bodies and tool definitions."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from producer.adapters import (
+from callgate.producer.adapters import (
     SURFACES,
     AdapterError,
     read_proposals,
@@ -17,8 +17,8 @@ from producer.adapters import (
     tool_definitions,
     write_results,
 )
-from producer.adapters import names as name_codec
-from store.types import (
+from callgate.producer.adapters import names as name_codec
+from callgate.store.types import (
     AppError,
     FailedRetryable,
     FailedTerminal,
@@ -26,7 +26,7 @@ from store.types import (
     SafeErrorDetail,
     Succeeded,
 )
-from worker.results import TRUST_LABEL, safe_error
+from callgate.worker.results import TRUST_LABEL, safe_error
 
 from .support import PLACES, bodies, id_status, inbound
 

@@ -1,7 +1,8 @@
-"""The seed's §9.1 TypeScript fixture, ported case by case (plus openai-responses).
+"""The reference TypeScript fixture of the adapters' design, ported case by case (plus
+openai-responses).
 
-Envelopes are the seed's own compact shapes. The seed's gate-decision rows (mayExecute) test
-the gate, not the adapters; they are not repeated here.
+Envelopes are the fixture's own compact shapes. Its gate-decision rows (mayExecute) test the
+gate, not the adapters; they are not repeated here.
 """
 
 from __future__ import annotations
@@ -12,10 +13,10 @@ from typing import Any
 
 import pytest
 
-from producer.adapters import SURFACES, AdapterError, read_proposals, write_results
-from producer.mcp import normalise_result
-from store.errors import CorrelationError
-from store.types import FailedRetryable, FailedTerminal, ProposedCall, Succeeded
+from callgate.producer.adapters import SURFACES, AdapterError, read_proposals, write_results
+from callgate.producer.mcp import normalise_result
+from callgate.store.errors import CorrelationError
+from callgate.store.types import FailedRetryable, FailedTerminal, ProposedCall, Succeeded
 
 from .support import id_status
 

@@ -1,0 +1,5 @@
+"""``python -m callgate``: the same CLI as the ``callgate`` command."""
+
+from callgate.ops.cli import main
+
+main()
