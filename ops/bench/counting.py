@@ -19,7 +19,7 @@ from typing import Any
 from redis.connection import Connection as RedisConnection
 from sqlalchemy import Engine, event
 
-from store import db
+from callgate.store import db
 
 COUNTS: Counter[str] = Counter()
 _phase = ["idle"]

@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import DataError, OperationalError
 
-from store import db
+from callgate.store import db
 
 PID = db.Statement("SELECT pg_backend_pid() AS pid, CAST(:tag AS text) AS tag")
 BAD_JSON = db.Statement("SELECT CAST(:body AS jsonb) AS body")

@@ -10,7 +10,7 @@ from datetime import datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from worker import redaction
+from callgate.worker import redaction
 
 PLAIN = string.ascii_letters + string.digits + "._-"
 
