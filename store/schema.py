@@ -168,6 +168,16 @@ outbox = Table(
 )
 Index("outbox_unpublished", outbox.c.id, postgresql_where=text("published_at IS NULL"))
 
+# Write operations a person must reconcile: the state gauges count them without reading
+# history (store/gauges.py uses exactly this predicate).
+Index(
+    "operations_reconciliation",
+    operations.c.completed_at,
+    postgresql_where=text(
+        "state = 'failed' AND (result #>> '{error,code}') = 'reconciliation_pending'"
+    ),
+)
+
 trace_events = Table(
     "trace_events",
     metadata,
