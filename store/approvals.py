@@ -14,6 +14,9 @@ policy version. An approver's decision applies to exactly that request:
   computes another intent and the old approval does not apply (TOCTOU).
 - ``deny``: pending → denied, and every call parked on it ends ``approval_denied``.
 
+Each counts itself in ``callgate_approvals_total{tool, outcome}`` (requested, superseded,
+granted, denied) in the process that ran it.
+
 Four eyes and tenants: an approver acts for one tenant and never decides a request they
 asked for themselves. Both conditions are in the guarded statement that decides, beside
 ``state = 'pending'``, so no interleaving can slip a self-approval between a check and a
@@ -30,7 +33,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Engine, text
 
-from callgate.store import db
+from callgate.store import db, metrics
 from callgate.store.errors import ApprovalError, ErrorCode
 from callgate.store.reservations import FINISH_TAIL, Finished, result_body
 
@@ -94,7 +97,9 @@ WITH matching AS (
        (SELECT approval_id FROM target LIMIT 1) AS approval_id,
        (SELECT version FROM target LIMIT 1) AS version,
        (SELECT state FROM target LIMIT 1) AS state,
-       (SELECT count(*) FROM parked) AS parked"""
+       (SELECT count(*) FROM parked) AS parked,
+       (SELECT count(*) FROM created) AS created,
+       (SELECT count(*) FROM superseded) AS superseded"""
 )
 
 APPROVE_SQL = """
@@ -103,7 +108,7 @@ WITH decided AS (
        SET state = 'approved', decided_by = :by, decided_at = now()
      WHERE approval_id = :approval_id AND state = 'pending'
        AND tenant_id = :tenant AND lower(requested_by) <> lower(:by)
-    RETURNING approval_id, version, operation_id
+    RETURNING approval_id, version, operation_id, tool_name
 ), resumed AS (
     UPDATE callgate.calls AS c
        SET state = 'proposed', dispatched_at = now(), dispatches = c.dispatches + 1
@@ -118,6 +123,7 @@ WITH decided AS (
       FROM resumed, decided
 )
 SELECT (SELECT count(*) FROM decided) AS decided,
+       (SELECT tool_name FROM decided) AS tool_name,
        (SELECT coalesce(array_agg(id), '{}') FROM resumed) AS resumed
 """
 
@@ -128,7 +134,7 @@ WITH decided AS (
        SET state = 'denied', decided_by = :by, decided_at = now()
      WHERE approval_id = :approval_id AND state = 'pending'
        AND tenant_id = :tenant AND lower(requested_by) <> lower(:by)
-    RETURNING approval_id, version
+    RETURNING approval_id, version, tool_name
 ), finished AS (
     UPDATE callgate.calls AS c
        SET state = 'failed_terminal',
@@ -140,7 +146,8 @@ WITH decided AS (
     RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
 )"""
     + FINISH_TAIL
-    + ", (SELECT count(*) FROM decided) AS decided"
+    + """, (SELECT count(*) FROM decided) AS decided,
+       (SELECT tool_name FROM decided) AS tool_name"""
 )
 
 LIST_SQL = """
@@ -213,6 +220,8 @@ def settle(
                 "detail": json.dumps(detail or {}),
             },
         ).one()
+    metrics.approval(tool_name, "requested", row.created)
+    metrics.approval(tool_name, "superseded", row.superseded)
     return Settled(
         approval_id=row.approval_id,
         version=row.version or 0,
@@ -236,6 +245,7 @@ def approve(engine: Engine, approval_id: str, *, by: str, tenant: str) -> list[u
         ).one()
     if not row.decided:
         _explain(engine, ident, by=who, tenant=tenant)
+    metrics.approval(row.tool_name, "granted")
     return list(row.resumed)
 
 
@@ -266,6 +276,7 @@ def deny(engine: Engine, approval_id: str, *, by: str, tenant: str) -> Finished:
         ).one()
     if not row.decided:
         _explain(engine, ident, by=who, tenant=tenant)
+    metrics.approval(row.tool_name, "denied")
     return Finished(row.finished, list(row.successors))
 
 

@@ -345,7 +345,7 @@ def serve(port: int, host: str = "0.0.0.0", registry: CollectorRegistry = REGIST
     process stops with one line instead of running unobserved."""
     # A ``_created`` series per counter and histogram doubles the series for nothing the
     # rules use (they handle resets with rate() and increase()).
-    disable_created_metrics()
+    disable_created_metrics()  # type: ignore[no-untyped-call]
     try:
         _start_http_server(port, addr=host, registry=registry)
     except OSError as exc:

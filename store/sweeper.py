@@ -34,7 +34,7 @@ from typing import Any
 from rq import Queue
 from sqlalchemy import Connection, Engine, text
 
-from callgate.store import db, reservations, transport
+from callgate.store import db, metrics, reservations, transport
 from callgate.store.errors import ErrorCode
 
 log = logging.getLogger("callgate.sweeper")
@@ -65,7 +65,7 @@ WITH candidates AS (
       JOIN callgate.approvals AS a ON a.approval_id = c.approval_id
      WHERE c.state = 'awaiting_approval' AND a.state <> 'pending'
 )
-SELECT c.id, c.state, c.kind, c.dispatches, c.operation_id,
+SELECT c.id, c.state, c.kind, c.tool_name, c.dispatches, c.operation_id,
        op.state AS op_state, op.generation
   FROM callgate.calls AS c
   JOIN candidates USING (id)
@@ -95,6 +95,7 @@ class _Due:
     ref: uuid.UUID
     state: str
     kind: str
+    tool_name: str
     dispatches: int
     operation_id: str
     op_state: str
@@ -113,17 +114,29 @@ def sweep_once(
     """Re-dispatch due calls; end those out of dispatches. Returns what it did."""
     with engine.begin() as conn:
         due = [
-            _Due(r.id, r.state, r.kind, r.dispatches, r.operation_id, r.op_state, r.generation)
+            _Due(
+                r.id,
+                r.state,
+                r.kind,
+                r.tool_name,
+                r.dispatches,
+                r.operation_id,
+                r.op_state,
+                r.generation,
+            )
             for r in conn.execute(text(DUE_SQL), {"stale_seconds": stale_seconds, "batch": batch})
         ]
         spent = [
             d for d in due if d.state != "awaiting_approval" and d.dispatches >= max_dispatches
         ]
-        again = [d.ref for d in due if d not in spent]
+        redo = [d for d in due if d not in spent]
+        again = [d.ref for d in redo]
         if again:
             conn.execute(text(MARK_SQL), {"refs": again})
             # Inside the transaction: if Redis refuses, the marks roll back with it.
             transport.enqueue_calls(queue, again, timeout=job_timeout)
+    for d in redo:  # counted once the marks committed with the enqueue
+        metrics.redispatched(_reason(d))
     ended: list[uuid.UUID] = []
     for d in spent:
         with db.autocommit(engine) as conn:
@@ -134,6 +147,15 @@ def sweep_once(
     if ended:
         log.warning("sweeper ended %d call(s) out of dispatches", len(ended))
     return Sweep(again, ended)
+
+
+def _reason(due: _Due) -> str:
+    """Why a call is due again, as ``callgate_sweeper_redispatches_total`` labels it."""
+    if due.state == "awaiting_approval":
+        return "approval_decided"
+    if due.op_state == "in_progress":
+        return "lease_expired"
+    return "stale"
 
 
 def _end(
@@ -160,10 +182,14 @@ def _end(
             event="delivery_exhausted",
             detail=detail,
         )
+        if finished.won and due.kind == "write":
+            # The operation ends here, once: the other side of the side-effect ratio.
+            metrics.write_operation_completed(due.tool_name)
     else:
         finished = reservations.abandon(
             conn, call_ref=due.ref, error=exhausted, event="delivery_exhausted", detail=detail
         )
+    metrics.exhausted(error["code"], finished.finished)
     if finished.successors:
         try:
             transport.enqueue_calls(queue, finished.successors, timeout=job_timeout)
