@@ -18,7 +18,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -197,19 +197,3 @@ class Prometheus:
     def rule_names(self) -> set[str]:
         doc = http_json(f"{self.url}/api/v1/rules")
         return {r["name"] for g in doc["data"]["groups"] for r in g["rules"]}
-
-
-@pytest.fixture
-def prometheus() -> Iterator[Callable[[dict[str, list[int]]], Prometheus]]:
-    """Start a Prometheus scraping the given targets (job -> ports); stopped after."""
-    started: list[Prometheus] = []
-
-    def start(targets: dict[str, list[int]]) -> Prometheus:
-        p = Prometheus(targets)
-        started.append(p)
-        p.start()
-        return p
-
-    yield start
-    for p in started:
-        p.stop()
