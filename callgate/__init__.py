@@ -17,6 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from callgate.producer.async_producer import AsyncProducer
     from callgate.producer.producer import Collected, Producer
     from callgate.store.errors import (
         ApprovalError,
@@ -56,6 +57,7 @@ if TYPE_CHECKING:
     )
 
 _HOMES = {
+    "callgate.producer.async_producer": ("AsyncProducer",),
     "callgate.producer.producer": ("Collected", "Producer"),
     "callgate.store.errors": (
         "ApprovalError",
@@ -100,6 +102,7 @@ __all__ = [
     "READ_ONLY",
     "AppError",
     "ApprovalError",
+    "AsyncProducer",
     "CallContext",
     "CallgateError",
     "Collected",

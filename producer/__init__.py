@@ -6,6 +6,7 @@ turn = producer.submit(proposals, context)
 fan_in = producer.collect(turn.turn_id, timeout=5)
 """
 
+from callgate.producer.async_producer import AsyncProducer
 from callgate.producer.producer import Collected, Producer
 
-__all__ = ["Collected", "Producer"]
+__all__ = ["AsyncProducer", "Collected", "Producer"]

@@ -1,0 +1,155 @@
+"""``AsyncProducer`` against real workers, relayer, Postgres and Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
+
+import pytest
+from sqlalchemy import Engine, text
+
+from callgate import AsyncProducer, Producer
+from callgate.ops.stack import Stack
+from callgate.store import transport
+from callgate.store.errors import ErrorCode, InputError, UnknownTurn
+from callgate.store.settings import Settings
+from tests.acceptance.conftest import SUPPORT_A
+
+READS = [
+    {"call_id": "slow", "tool_name": "get_weather", "arguments": {"city": "Seoul"}},
+    {"call_id": "fast", "tool_name": "get_stock", "arguments": {"symbol": "NVDA"}},
+    {"call_id": "middle", "tool_name": "get_news", "arguments": {"topic": "tech"}},
+]
+DELAYS = "get_weather=300,get_stock=0,get_news=150"
+
+
+T = TypeVar("T")
+
+
+@pytest.fixture
+def in_loop(service_env: dict[str, str]) -> Callable[..., Any]:
+    """Run ``fn(producer)`` on a new event loop with an AsyncProducer made on that loop (its
+    Redis connections belong to the loop they were made on), closed afterwards."""
+
+    def run(fn: Callable[[AsyncProducer], Awaitable[T]]) -> T:
+        async def main() -> T:
+            async with AsyncProducer.from_env(Settings.from_env(service_env)) as p:
+                return await fn(p)
+
+        return asyncio.run(main())
+
+    return run
+
+
+def _publish_order(engine: Engine, turn_id: str) -> list[str]:
+    """The order the relayer published the turn's results in: its outbox rows' order."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT c.call_id FROM callgate.outbox o JOIN callgate.calls c ON c.id = o.call_ref"
+                " WHERE c.turn_id = :t ORDER BY o.id"
+            ),
+            {"t": turn_id},
+        )
+        return [r.call_id for r in rows]
+
+
+def test_results_stream_each_call_once_in_the_order_they_land(
+    in_loop: Callable[..., Any], stack: Callable[..., Stack], engine: Engine
+) -> None:
+    stack(workers=1, CALLGATE_WORKER_CONCURRENCY="4", CALLGATE_DEMO_DELAY_MS=DELAYS)
+
+    async def run(aproducer: AsyncProducer) -> tuple[str, list[str]]:
+        turn = await aproducer.submit(READS, SUPPORT_A)
+        seen = [r.call_id async for r in aproducer.results(turn.turn_id, timeout=30)]
+        return turn.turn_id, seen
+
+    turn_id, seen = in_loop(run)
+    assert sorted(seen) == ["fast", "middle", "slow"]
+    assert seen == _publish_order(engine, turn_id)
+
+
+def test_a_result_published_twice_is_yielded_once(
+    in_loop: Callable[..., Any], stack: Callable[..., Stack], producer: Producer
+) -> None:
+    stack(workers=1)
+
+    async def run(aproducer: AsyncProducer) -> list[str]:
+        turn = await aproducer.submit(READS[1:], SUPPORT_A)
+        first = [r.call_id async for r in aproducer.results(turn.turn_id, timeout=30)]
+        # The relayer may publish a result again (a crash between publish and mark): copy
+        # every entry of the stream once more, as a second publish would.
+        stream = transport.results_stream(producer.settings.queue, turn.turn_id)
+        for _, fields in producer.redis.xrange(stream):
+            producer.redis.xadd(stream, fields)
+        again = [r.call_id async for r in aproducer.results(turn.turn_id, timeout=5)]
+        assert len(first) == 2 and producer.redis.xlen(stream) == 4
+        return again
+
+    assert sorted(in_loop(run)) == ["fast", "middle"]
+
+
+def test_without_a_relayer_results_still_arrive_from_postgres(
+    in_loop: Callable[..., Any], stack: Callable[..., Stack], producer: Producer
+) -> None:
+    stack(workers=1, relayer=False)
+
+    async def run(aproducer: AsyncProducer) -> tuple[list[str], int]:
+        turn = await aproducer.submit(READS, SUPPORT_A)
+        seen = [r.call_id async for r in aproducer.results(turn.turn_id, timeout=30)]
+        stream = transport.results_stream(producer.settings.queue, turn.turn_id)
+        return seen, producer.redis.xlen(stream)
+
+    seen, published = in_loop(run)
+    assert published == 0  # nothing came through Redis
+    assert sorted(seen) == ["fast", "middle", "slow"]
+
+
+def test_collect_matches_the_synchronous_producer_for_many_turns_at_once(
+    in_loop: Callable[..., Any], stack: Callable[..., Stack], producer: Producer
+) -> None:
+    stack(workers=2, CALLGATE_WORKER_CONCURRENCY="8")
+
+    async def run(aproducer: AsyncProducer) -> list[dict[str, Any]]:
+        turns = await asyncio.gather(*(aproducer.submit(READS, SUPPORT_A) for _ in range(12)))
+        collected = await asyncio.gather(*(aproducer.collect(t.turn_id, 30) for t in turns))
+        return [c.as_json() for c in collected]
+
+    docs = in_loop(run)
+    assert all(d["complete"] and d["pending"] == [] for d in docs)
+    for doc in docs:
+        again = producer.collect(doc["turn_id"], timeout=0).as_json()
+        assert json.dumps(doc, sort_keys=True) == json.dumps(again, sort_keys=True)
+        assert [r["call_id"] for r in doc["results"]] == ["slow", "fast", "middle"]
+
+
+def test_a_timeout_ends_the_stream_without_inventing_results(
+    in_loop: Callable[..., Any], producer: Producer
+) -> None:
+    async def run(aproducer: AsyncProducer) -> tuple[list[Any], Any]:
+        turn = await aproducer.submit(READS[:1], SUPPORT_A)  # no worker runs
+        seen = [r async for r in aproducer.results(turn.turn_id, timeout=0.3)]
+        return seen, await aproducer.collect(turn.turn_id, 0)
+
+    seen, collected = in_loop(run)
+    assert seen == []
+    assert not collected.complete and collected.pending == ["slow"]
+
+
+def test_bad_turn_ids_and_timeouts_are_refused_with_their_codes(
+    in_loop: Callable[..., Any],
+) -> None:
+    def first(turn_id: str, timeout: float | None) -> Callable[[AsyncProducer], Awaitable[None]]:
+        async def run(aproducer: AsyncProducer) -> None:
+            async for _ in aproducer.results(turn_id, timeout=timeout):
+                break
+
+        return run
+
+    with pytest.raises(UnknownTurn) as unknown:
+        in_loop(first("not-a-uuid", 1))
+    assert unknown.value.code == ErrorCode.UNKNOWN_TURN
+    with pytest.raises(InputError):
+        in_loop(first("00000000-0000-0000-0000-000000000000", float("nan")))
