@@ -81,7 +81,8 @@ SELECT (SELECT count(*) FROM callgate.outbox WHERE published_at IS NULL) AS unpu
          ORDER BY id LIMIT 1) AS oldest
 """
 
-# The predicate is exactly the partial index operations_reconciliation's.
+# The predicate is exactly the partial index operations_reconciliation's, and
+# store/reconciliation.py's "awaiting": a resolved operation leaves it.
 RECONCILIATION_SQL = """
 SELECT count(*) AS pending, extract(epoch FROM now() - min(completed_at)) AS oldest
   FROM callgate.operations
@@ -139,7 +140,8 @@ FAMILIES: Final = (
     ),
     _Family(
         "callgate_operations_awaiting_reconciliation",
-        "Write operations that ended reconciliation_pending: a person must check the downstream.",
+        "Write operations that ended reconciliation_pending and nobody resolved yet "
+        "(callgate reconcile resolve).",
     ),
     _Family(
         "callgate_operations_awaiting_reconciliation_oldest_age_seconds",

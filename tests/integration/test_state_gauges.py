@@ -246,3 +246,32 @@ def test_each_query_reads_an_index_never_the_history(
     scanned = set(re.findall(r"Seq Scan on (\w+)", plan))
     assert not scanned, f"sequential scan of {scanned}:\n{plan}"
     assert "Index" in plan, plan
+
+
+def test_a_resolved_reconciliation_leaves_the_gauge(
+    engine: Engine, redis_url: str, queue_name: str
+) -> None:
+    from callgate.store import reconciliation
+
+    for op in ("op-a", "op-b"):
+        run(
+            engine,
+            "INSERT INTO callgate.operations (operation_id, tenant_id, tool_name,"
+            " idempotency_key, state, result, completed_at)"
+            " VALUES (:op, 'tenant-a', 'send_email', :k, 'failed', CAST(:b AS jsonb),"
+            " now() - interval '2 hours')",
+            op=op,
+            k=f"k-{op}",
+            b=json.dumps(RECONCILE),
+        )
+    assert (
+        value(scrape(engine, redis_url, queue_name), "callgate_operations_awaiting_reconciliation")
+        == 2
+    )
+    reconciliation.resolve(engine, "op-a", outcome="succeeded", by="user-5")
+    got = scrape(engine, redis_url, queue_name)
+    assert value(got, "callgate_operations_awaiting_reconciliation") == 1
+    reconciliation.resolve(engine, "op-b", outcome="failed", by="user-5")
+    got = scrape(engine, redis_url, queue_name)
+    assert value(got, "callgate_operations_awaiting_reconciliation") == 0
+    assert value(got, "callgate_operations_awaiting_reconciliation_oldest_age_seconds") == 0

@@ -1,15 +1,15 @@
 """A partial index of write operations awaiting reconciliation, so the metrics gauges that
 count them (and the oldest one's age) never read the operations' history.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 """
 
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 
 S = "callgate"
 
