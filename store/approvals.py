@@ -108,7 +108,7 @@ WITH decided AS (
        SET state = 'approved', decided_by = :by, decided_at = now()
      WHERE approval_id = :approval_id AND state = 'pending'
        AND tenant_id = :tenant AND lower(requested_by) <> lower(:by)
-    RETURNING approval_id, version, operation_id, tool_name
+    RETURNING approval_id, version, operation_id
 ), resumed AS (
     UPDATE callgate.calls AS c
        SET state = 'proposed', dispatched_at = now(), dispatches = c.dispatches + 1
@@ -123,7 +123,6 @@ WITH decided AS (
       FROM resumed, decided
 )
 SELECT (SELECT count(*) FROM decided) AS decided,
-       (SELECT tool_name FROM decided) AS tool_name,
        (SELECT coalesce(array_agg(id), '{}') FROM resumed) AS resumed
 """
 
@@ -134,7 +133,7 @@ WITH decided AS (
        SET state = 'denied', decided_by = :by, decided_at = now()
      WHERE approval_id = :approval_id AND state = 'pending'
        AND tenant_id = :tenant AND lower(requested_by) <> lower(:by)
-    RETURNING approval_id, version, tool_name
+    RETURNING approval_id, version
 ), finished AS (
     UPDATE callgate.calls AS c
        SET state = 'failed_terminal',
@@ -146,8 +145,7 @@ WITH decided AS (
     RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
 )"""
     + FINISH_TAIL
-    + """, (SELECT count(*) FROM decided) AS decided,
-       (SELECT tool_name FROM decided) AS tool_name"""
+    + ", (SELECT count(*) FROM decided) AS decided"
 )
 
 LIST_SQL = """
@@ -245,7 +243,7 @@ def approve(engine: Engine, approval_id: str, *, by: str, tenant: str) -> list[u
         ).one()
     if not row.decided:
         _explain(engine, ident, by=who, tenant=tenant)
-    metrics.approval(row.tool_name, "granted")
+    metrics.approval(_tool_of(engine, ident), "granted")
     return list(row.resumed)
 
 
@@ -276,7 +274,7 @@ def deny(engine: Engine, approval_id: str, *, by: str, tenant: str) -> Finished:
         ).one()
     if not row.decided:
         _explain(engine, ident, by=who, tenant=tenant)
-    metrics.approval(row.tool_name, "denied")
+    metrics.approval(_tool_of(engine, ident), "denied")
     return Finished(row.finished, list(row.successors))
 
 
@@ -298,6 +296,16 @@ def show(engine: Engine, approval_id: str, *, tenant: str) -> dict[str, Any]:
     if not found:
         raise _unknown(approval_id)
     return found[0]
+
+
+def _tool_of(engine: Engine, ident: uuid.UUID) -> str:
+    """The tool of a request just decided: the label its decision is counted under (a
+    registered tool's name: a request exists only for a call the gate admitted)."""
+    with db.autocommit(engine) as conn:
+        name = conn.execute(
+            text("SELECT tool_name FROM callgate.approvals WHERE approval_id = :a"), {"a": ident}
+        ).scalar_one()
+    return str(name)
 
 
 def _explain(engine: Engine, ident: uuid.UUID, *, by: str, tenant: str) -> None:

@@ -65,7 +65,7 @@ WITH candidates AS (
       JOIN callgate.approvals AS a ON a.approval_id = c.approval_id
      WHERE c.state = 'awaiting_approval' AND a.state <> 'pending'
 )
-SELECT c.id, c.state, c.kind, c.tool_name, c.dispatches, c.operation_id,
+SELECT c.id, c.state, c.kind, c.dispatches, c.operation_id,
        op.state AS op_state, op.generation
   FROM callgate.calls AS c
   JOIN candidates USING (id)
@@ -95,7 +95,6 @@ class _Due:
     ref: uuid.UUID
     state: str
     kind: str
-    tool_name: str
     dispatches: int
     operation_id: str
     op_state: str
@@ -114,16 +113,7 @@ def sweep_once(
     """Re-dispatch due calls; end those out of dispatches. Returns what it did."""
     with engine.begin() as conn:
         due = [
-            _Due(
-                r.id,
-                r.state,
-                r.kind,
-                r.tool_name,
-                r.dispatches,
-                r.operation_id,
-                r.op_state,
-                r.generation,
-            )
+            _Due(r.id, r.state, r.kind, r.dispatches, r.operation_id, r.op_state, r.generation)
             for r in conn.execute(text(DUE_SQL), {"stale_seconds": stale_seconds, "batch": batch})
         ]
         spent = [
@@ -183,8 +173,13 @@ def _end(
             detail=detail,
         )
         if finished.won and due.kind == "write":
-            # The operation ends here, once: the other side of the side-effect ratio.
-            metrics.write_operation_completed(due.tool_name)
+            # The operation ends here, once: the other side of the side-effect ratio. (Its
+            # tool was registered: the operation was reserved.)
+            tool = conn.execute(
+                text("SELECT tool_name FROM callgate.operations WHERE operation_id = :o"),
+                {"o": due.operation_id},
+            ).scalar_one()
+            metrics.write_operation_completed(str(tool))
     else:
         finished = reservations.abandon(
             conn, call_ref=due.ref, error=exhausted, event="delivery_exhausted", detail=detail
