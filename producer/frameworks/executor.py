@@ -30,7 +30,7 @@ import asyncio
 import hashlib
 import json
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,7 +196,8 @@ class TurnExecutor:
         self.producer = producer
         self.context = as_context(context)
         self.timeout = _checked_timeout(timeout)
-        self._turn_of: dict[str, str] = {}  # call id → the turn it was submitted in
+        # call id → the submission of its turn (done, or under way)
+        self._turn_of: dict[str, asyncio.Future[Turn]] = {}
         self._watches: dict[str, _Watch] = {}
         self._tool_of: dict[str, str] = {}  # call id → callgate tool name
 
@@ -216,24 +217,33 @@ class TurnExecutor:
     async def submit(self, calls: Sequence[ProposedCall]) -> Turn | None:
         """Record and enqueue ``calls`` as one turn (reads at once, writes in this order).
 
-        Calls already submitted by this executor are left out; None when none is left.
-        Input errors (``invalid_input``, ``invalid_arguments_json``) come from
+        Calls already submitted (or being submitted) by this executor are left out; None when
+        none is left. Input errors (``invalid_input``, ``invalid_arguments_json``) come from
         ``AsyncProducer.submit`` and record nothing.
         """
         fresh = [c for c in calls if c.call_id not in self._turn_of]
         if not fresh:
             return None
-        turn = await self.producer.submit(
-            fresh,
-            self.context,
-            operation_ids={
-                c.call_id: operation_id_for(self.context, c.tool_name, c.call_id) for c in fresh
-            },
+        # Registered before the first await: a sibling call of the same model response that
+        # arrives meanwhile waits for this turn instead of submitting its own.
+        submission = asyncio.ensure_future(
+            self.producer.submit(
+                fresh,
+                self.context,
+                operation_ids={
+                    c.call_id: operation_id_for(self.context, c.tool_name, c.call_id) for c in fresh
+                },
+            )
         )
         for c in fresh:
-            self._turn_of[c.call_id] = turn.turn_id
+            self._turn_of[c.call_id] = submission
             self._tool_of[c.call_id] = c.tool_name
-        return turn
+        try:
+            return await asyncio.shield(submission)
+        except Exception:
+            for c in fresh:  # nothing was recorded: a later call may submit them again
+                self._turn_of.pop(c.call_id, None)
+            raise
 
     def submitted(self, call_id: str) -> bool:
         return call_id in self._turn_of
@@ -243,29 +253,24 @@ class TurnExecutor:
     ) -> Outcome:
         """Wait for one submitted call: its result, or (``until_parked``) the moment it is
         parked for approval, or ``timeout`` (default: the executor's) seconds."""
-        turn_id = self._turn_of.get(call_id)
-        if turn_id is None:
+        submission = self._turn_of.get(call_id)
+        if submission is None:
             raise InputError(f"call {call_id!r} was not submitted through this executor")
-        watch = self._watch(turn_id)
+        watch = self._watch(await asyncio.shield(submission))
         wait = self.timeout if timeout is None else _checked_timeout(timeout)
-        await watch.until(lambda: watch.settled(call_id, until_parked), wait)
-        return await self._outcome_of(watch, call_id)
+        result, approval_id = await watch.wait(call_id, until_parked=until_parked, timeout=wait)
+        if result is not None:
+            return Finished(result)
+        tool_name = self._tool_of[call_id]
+        if approval_id is None:
+            return Running(call_id=call_id, tool_name=tool_name)
+        impact = await self._impact(approval_id)
+        return Parked(call_id=call_id, tool_name=tool_name, approval_id=approval_id, impact=impact)
 
     async def run(self, calls: Sequence[ProposedCall]) -> list[Outcome]:
         """Submit ``calls`` as one turn and wait until each has a result or is parked."""
         await self.submit(calls)
         return [await self.outcome(c.call_id) for c in calls]
-
-    async def _outcome_of(self, watch: _Watch, call_id: str) -> Outcome:
-        result = watch.results.get(call_id)
-        if result is not None:
-            return Finished(result)
-        tool_name = self._tool_of[call_id]
-        approval_id = watch.parked.get(call_id)
-        if approval_id is None:
-            return Running(call_id=call_id, tool_name=tool_name)
-        impact = await self._impact(approval_id)
-        return Parked(call_id=call_id, tool_name=tool_name, approval_id=approval_id, impact=impact)
 
     async def _impact(self, approval_id: str) -> dict[str, Any]:
         engine = self.producer.producer.engine
@@ -279,11 +284,11 @@ class TurnExecutor:
         impact = request.get("impact")
         return dict(impact) if isinstance(impact, Mapping) else {}
 
-    def _watch(self, turn_id: str) -> _Watch:
-        watch = self._watches.get(turn_id)
+    def _watch(self, turn: Turn) -> _Watch:
+        watch = self._watches.get(turn.turn_id)
         if watch is None:
-            calls = [c for c, t in self._turn_of.items() if t == turn_id]
-            watch = self._watches[turn_id] = _Watch(self.producer, turn_id, calls)
+            calls = [c.call_id for c in turn.calls]
+            watch = self._watches[turn.turn_id] = _Watch(self.producer, turn.turn_id, calls)
         return watch
 
 
@@ -298,37 +303,47 @@ class _Watch:
         self.calls = frozenset(calls)
         self.results: dict[str, Result] = {}
         self.parked: dict[str, str] = {}
+        self.parked_seen_at = float("-inf")  # loop time the last look at parked calls began
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._waiters = 0
 
-    def settled(self, call_id: str, until_parked: bool) -> bool:
-        return call_id in self.results or (until_parked and call_id in self.parked)
-
-    async def until(self, ready: Callable[[], bool], timeout: float) -> None:
+    async def wait(
+        self, call_id: str, *, until_parked: bool, timeout: float
+    ) -> tuple[Result | None, str | None]:
+        """Wait up to ``timeout`` seconds for the call's result or (``until_parked``) for it
+        to be seen parked. Returns the result, or the approval id it is parked on (as seen
+        by a look taken after this wait began: an approval may have released it since an
+        older one), or neither."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
+        began = loop.time()
+        deadline = began + timeout
+
+        def parked_on() -> str | None:
+            return self.parked.get(call_id) if self.parked_seen_at >= began else None
+
         self._waiters += 1
         try:
-            while not ready():
+            while call_id not in self.results and not (until_parked and parked_on()):
                 remaining = deadline - loop.time()
                 if remaining <= 0:
-                    return
+                    break
                 task = self._task
                 if task is None or task.done():
                     task = self._task = asyncio.create_task(self._follow())
-                changed = self._changed
-                waiting = asyncio.ensure_future(changed.wait())
+                changed = asyncio.ensure_future(self._changed.wait())
                 await asyncio.wait(
-                    [waiting, task], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                    [changed, task], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
                 )
-                waiting.cancel()
+                changed.cancel()
                 if task.done() and not task.cancelled():
                     error = task.exception()
                     if error is not None:  # Postgres or Redis unreachable: say so
                         raise error
         finally:
             self._waiters -= 1
+        result = self.results.get(call_id)
+        return result, None if result is not None else parked_on()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -348,11 +363,11 @@ class _Watch:
                 if result.call_id not in self.results:
                     self.results[result.call_id] = result
                     self._notify()
+            looked_at = asyncio.get_running_loop().time()
             parked = await asyncio.to_thread(parked_now)
-            parked = {c: a for c, a in parked.items() if c not in self.results}
-            if parked != self.parked:
-                self.parked = parked
-                self._notify()
+            self.parked = {c: a for c, a in parked.items() if c not in self.results}
+            self.parked_seen_at = looked_at
+            self._notify()
             if self.calls and self.calls <= self.results.keys():
                 return
 

@@ -80,7 +80,7 @@ class AgentsGate:
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> str:
             await self._ensure_submitted(ctx.tool_call_id, name, arguments)
-            outcome = await self.executor.outcome(ctx.tool_call_id, until_parked=False)
+            outcome = await self.executor.outcome(ctx.tool_call_id)
             if isinstance(outcome, Parked):
                 self.parked[outcome.call_id] = outcome
             else:
