@@ -147,7 +147,7 @@ def operation_id_for(context: CallContext, tool_name: str, call_id: str) -> str:
     return "op-fw-" + hashlib.sha256(key.encode()).hexdigest()[:40]
 
 
-def as_context(context: CallContext | Mapping[str, Any]) -> CallContext:
+def as_context(context: object) -> CallContext:
     """The server-trusted context, checked: ``invalid_input`` when it is not one."""
     if isinstance(context, CallContext):
         return context
@@ -195,7 +195,7 @@ class TurnExecutor:
             )
         self.producer = producer
         self.context = as_context(context)
-        self.timeout = _checked_timeout(timeout)
+        self.timeout = checked_timeout(timeout)
         # call id → the submission of its turn (done, or under way)
         self._turn_of: dict[str, asyncio.Future[Turn]] = {}
         self._watches: dict[str, _Watch] = {}
@@ -257,7 +257,7 @@ class TurnExecutor:
         if submission is None:
             raise InputError(f"call {call_id!r} was not submitted through this executor")
         watch = self._watch(await asyncio.shield(submission))
-        wait = self.timeout if timeout is None else _checked_timeout(timeout)
+        wait = self.timeout if timeout is None else checked_timeout(timeout)
         result, approval_id = await watch.wait(call_id, until_parked=until_parked, timeout=wait)
         if result is not None:
             return Finished(result)
@@ -268,9 +268,22 @@ class TurnExecutor:
         return Parked(call_id=call_id, tool_name=tool_name, approval_id=approval_id, impact=impact)
 
     async def run(self, calls: Sequence[ProposedCall]) -> list[Outcome]:
-        """Submit ``calls`` as one turn and wait until each has a result or is parked."""
+        """Submit ``calls`` as one turn (if not yet) and wait until each has a result or is
+        parked. A write behind a parked write cannot start before it: it is not waited for
+        (``Running``)."""
         await self.submit(calls)
-        return [await self.outcome(c.call_id) for c in calls]
+        registry = self.producer.producer.registry
+        outcomes: list[Outcome] = []
+        write_parked = False
+        for call in calls:
+            write = registry.kind_of(call.tool_name) == "write"
+            if write and write_parked:
+                outcomes.append(Running(call_id=call.call_id, tool_name=call.tool_name))
+                continue
+            outcome = await self.outcome(call.call_id)
+            write_parked = write_parked or (write and isinstance(outcome, Parked))
+            outcomes.append(outcome)
+        return outcomes
 
     async def _impact(self, approval_id: str) -> dict[str, Any]:
         engine = self.producer.producer.engine
@@ -399,7 +412,8 @@ def proposals(calls: Iterable[tuple[str, str, object]]) -> list[ProposedCall]:
     return out
 
 
-def _checked_timeout(timeout: float) -> float:
+def checked_timeout(timeout: float) -> float:
+    """A finite number of seconds, 0 or more (``invalid_input`` otherwise)."""
     if not isinstance(timeout, int | float) or not 0 <= float(timeout) < float("inf"):
         raise InputError(f"timeout must be a finite number of seconds, 0 or more: {timeout!r}")
     return float(timeout)
