@@ -22,7 +22,9 @@ from sqlalchemy import Engine
 
 from callgate import AsyncProducer
 from callgate.ops.stack import Stack
+from callgate.producer.frameworks import executor
 from callgate.producer.frameworks.langgraph import CallgateToolNode
+from callgate.store.errors import CallgateError
 from tests.acceptance.conftest import scalar
 from tests.acceptance.frameworks_support import (
     CRASH_GAP,
@@ -206,3 +208,39 @@ def test_a_worker_killed_in_the_crash_gap_still_ends_with_one_refund(
     (reply,) = tool_messages(state)
     assert (reply.status, body(reply)["status"]) == ("success", "succeeded")
     assert effects_of_tool(engine, context["request_id"], "refund_payment") == 1
+
+
+def test_bad_input_is_refused_with_stable_codes(in_loop: Callable[..., Any]) -> None:
+    async def run(producer: AsyncProducer) -> list[str]:
+        codes: list[str] = []
+        no_context = CallgateToolNode(producer)
+        bound = CallgateToolNode(producer, support_context())
+        ai = AIMessage(content="", tool_calls=[{"id": "c", "name": "get_stock", "args": {}}])
+        attempts = [
+            lambda: no_context.ainvoke({"messages": [ai]}),  # no CallContext anywhere
+            lambda: bound.ainvoke({"messages": [HumanMessage("hi")]}),  # not an AIMessage
+            lambda: bound.ainvoke({"messages": []}),
+        ]
+        for attempt in attempts:
+            try:
+                await attempt()
+            except CallgateError as exc:
+                codes.append(str(exc.code))
+        for bad in (
+            lambda: CallgateToolNode(producer, {"tenant_id": "t"}),
+            lambda: CallgateToolNode(producer, support_context(), timeout=float("nan")),
+        ):
+            try:
+                bad()
+            except CallgateError as exc:
+                codes.append(str(exc.code))
+        return codes
+
+    assert in_loop(run) == ["invalid_input"] * 5
+    try:
+        executor.require("callgate_no_such_framework", "langgraph", "an integration")
+    except CallgateError as exc:
+        assert exc.code == "invalid_configuration"
+        assert "callgate[langgraph]" in exc.message
+    else:
+        raise AssertionError("a missing framework was not refused")
