@@ -219,7 +219,7 @@ def up_cmd(workers: int, data_dir: Path) -> None:
     help="Keep embedded data here (default: a temporary folder).",
 )
 def demo_cmd(workers: int, data_dir: Path | None) -> None:
-    """Run the seed's worked examples end to end and check their invariants.
+    """Run the worked examples end to end and check their invariants.
 
     Always uses the demo tools (callgate.worker.demo.tools:demo_registry), whatever CALLGATE_TOOLS
     says.
@@ -778,6 +778,15 @@ def _translate(exc: Exception) -> CallgateError | None:
         return CallgateError(f"cannot reach Redis: {exc}", code=ErrorCode.REDIS_UNAVAILABLE)
     return None
 
+
+def _operator_commands() -> None:
+    from callgate.ops.maintenance import prune_cmd, reconcile_group
+
+    cli.add_command(reconcile_group)
+    cli.add_command(prune_cmd)
+
+
+_operator_commands()
 
 if __name__ == "__main__":
     main()

@@ -1,4 +1,4 @@
-"""``callgate demo``: the seed's worked examples, end to end, with their invariants checked.
+"""``callgate demo``: the worked examples, end to end, with their invariants checked.
 
 1. Three reads (120/280/200 ms) in one turn run at once (their intervals overlap in the
    trace) and are joined by id whatever order they complete in.

@@ -42,7 +42,7 @@ from callgate.worker.results import redact_text
 
 INVALID_PARAMS = -32602
 DETAIL_CODE = "mcp_tool_detail"
-MAX_DETAIL_LENGTH = 240  # the seed's cap
+MAX_DETAIL_LENGTH = 240  # a hard cap on a detail's length
 MAX_DETAILS = 8
 MAX_RETRY_AFTER_MS = 24 * 60 * 60 * 1000
 
@@ -55,7 +55,7 @@ def sanitise(message: str, notes: list[str] | None = None) -> str:
     ``notes`` collects what was redacted or capped, for the trace.
     """
     notes = notes if notes is not None else []
-    # redact_text appends a truncation marker past the cap; the seed's cap is a hard one.
+    # redact_text appends a truncation marker past the cap; this cap is a hard one.
     return redact_text(message, MAX_DETAIL_LENGTH, notes)[:MAX_DETAIL_LENGTH]
 
 

@@ -61,6 +61,9 @@ class ErrorCode(StrEnum):
     APPROVAL_NOT_PENDING = "approval_not_pending"
     # Four eyes: the person who asked for an approval cannot decide it.
     APPROVAL_FORBIDDEN = "approval_forbidden"
+    # Manual reconciliation of writes callgate cannot know the outcome of.
+    UNKNOWN_OPERATION = "unknown_operation"
+    NOT_AWAITING_RECONCILIATION = "not_awaiting_reconciliation"
     DATABASE_UNAVAILABLE = "database_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"
     EMBEDDED_SERVICE_FAILED = "embedded_service_failed"
@@ -141,6 +144,12 @@ class ApprovalError(CallgateError):
     longer pending, or that they asked for themselves."""
 
     code = ErrorCode.UNKNOWN_APPROVAL
+
+
+class ReconciliationError(CallgateError):
+    """A person tried to settle a write that does not exist or is not awaiting settling."""
+
+    code = ErrorCode.UNKNOWN_OPERATION
 
 
 class CorrelationError(CallgateError):

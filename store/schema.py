@@ -49,6 +49,7 @@ turns = Table(
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
 Index("turns_conversation", turns.c.conversation_id)
+Index("turns_created", turns.c.created_at)  # retention, oldest first
 
 operations = Table(
     "operations",
@@ -167,6 +168,8 @@ outbox = Table(
     Column("published_at", DateTime(timezone=True)),
 )
 Index("outbox_unpublished", outbox.c.id, postgresql_where=text("published_at IS NULL"))
+# Retention deletes calls; the foreign-key check looks their outbox rows up by call.
+Index("outbox_call", outbox.c.call_ref)
 
 trace_events = Table(
     "trace_events",

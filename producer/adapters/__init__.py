@@ -1,4 +1,4 @@
-"""Provider adapters: one per API surface, never one per company (seed §3.5, §9.1).
+"""Provider adapters: one per API surface, never one per company.
 
 An adapter only translates. It turns a surface's response into ``ProposedCall``s, turns
 correlated results back into that surface's tool-result message, and renders tool

@@ -244,7 +244,7 @@ def proposal(
     decode_name: Callable[[str], str | None],
     missing_arguments_is_empty: bool = False,
 ) -> ProposedCall:
-    """One ProposedCall, checked in the seed's order: name, known tool, arguments, id."""
+    """One ProposedCall, checked in this order: name, known tool, arguments, id."""
     name = text(wire_name, "tool name", f"{path}.name", max_length=10_000)
     tool_name = decode_name(name)
     if tool_name is None or tool_name not in known_tools:

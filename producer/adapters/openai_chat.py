@@ -2,7 +2,7 @@
 
 Accepted envelopes: a whole completion (``{choices: [...]}`` with exactly one choice — with
 ``n > 1`` pass the choice you continue with), one choice (``{finish_reason, message}``, the
-seed's compact form), or the assistant message itself (which carries no finish reason, so
+compact form), or the assistant message itself (which carries no finish reason, so
 nothing tells whether it was finished: prefer the completion). A ``finish_reason`` present
 and null (an SDK stream accumulator's snapshot of a cut-off stream) is refused.
 ``finish_reason: tool_calls`` only says proposals are here; it never means anything ran.
@@ -105,7 +105,7 @@ def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
     for index, raw in enumerate(calls):
         at = f"{path}.tool_calls[{index}]"
         call = obj(raw, ErrorCode.MALFORMED_TOOL_CALLS, "a tool call", at)
-        kind = call.get("type", "function")  # the seed's compact calls leave type out
+        kind = call.get("type", "function")  # compact calls leave type out
         if kind == "custom":
             custom = call.get("custom")
             name = custom.get("name") if isinstance(custom, dict) else None

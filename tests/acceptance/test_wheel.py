@@ -19,6 +19,46 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
+USER_SCRIPT = """\
+from typing import Literal
+
+from pydantic import BaseModel
+
+from callgate import (
+    AsyncProducer, CallgateError, ErrorCode, Producer, Registry, Succeeded, Turn, tool,
+)
+
+
+class Weather(BaseModel):
+    city: str
+    temperature: float
+
+
+@tool
+def get_weather(city: str, unit: Literal["celsius", "fahrenheit"] = "celsius") -> Weather:
+    \"\"\"Current weather for a city.\"\"\"
+    return Weather(city=city, temperature=21.5)
+
+
+registry: Registry = Registry.of([get_weather], {"support": ["get_weather"]})
+
+
+def run(producer: Producer) -> list[str]:
+    calls = [{"call_id": "c1", "tool_name": "get_weather", "arguments": {"city": "Seoul"}}]
+    context = {"request_id": "r", "tenant_id": "t", "user_id": "u", "roles": ["support"]}
+    turn: Turn = producer.submit(calls, context)
+    fan_in = producer.collect(turn.turn_id, timeout=5)
+    return [r.call_id for r in fan_in.results if isinstance(r, Succeeded)]
+
+
+async def follow(producer: AsyncProducer, turn_id: str) -> int:
+    return len([r async for r in producer.results(turn_id, timeout=1)])
+
+
+def code_of(exc: CallgateError) -> ErrorCode:
+    return exc.code
+"""
+
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -77,6 +117,27 @@ def test_installed_wheel_imports_the_public_api_and_runs_the_demo(
     )
     assert shown.returncode == 0, shown.stderr
     assert str(env_dir) in shown.stdout
+
+    # A user's script, type-checked strictly against the installed package's own types.
+    (work / "app.py").write_text(USER_SCRIPT)
+    checked = subprocess.run(
+        [
+            sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+            "--python-executable", str(python), "app.py",
+        ],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    bad = USER_SCRIPT.replace("submit(calls, context)", "submit(calls, context, retries=3)")
+    (work / "app.py").write_text(bad)
+    refused = subprocess.run(
+        [
+            sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+            "--python-executable", str(python), "app.py",
+        ],
+        cwd=work, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert refused.returncode == 1 and 'Unexpected keyword argument "retries"' in refused.stdout
 
     demo = subprocess.run(
         [str(env_dir / "bin" / "callgate"), "demo", "--data-dir", str(tmp_path / "data")],

@@ -176,7 +176,7 @@ def inbound(
 
 
 def id_status(surface: str, envelope: Any) -> list[tuple[str | None, str]]:
-    """(call id, status) per item of a result message, in message order — the seed's idStatus."""
+    """(call id, status) per item of a result message, in message order (a fixture's idStatus)."""
     if surface == "openai-chat":
         return [(m["tool_call_id"], json.loads(m["content"])["status"]) for m in envelope]
     if surface == "openai-responses":

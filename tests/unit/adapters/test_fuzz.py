@@ -1,6 +1,6 @@
 """Fuzz: mutated envelopes, streams and result sets never raise anything but AdapterError.
 
-Each case copies a valid envelope (the seed's, the recordings, built ones), applies one to
+Each case copies a valid envelope (the worked examples', the recordings, built ones), applies one to
 three random mutations (drop, retype, truncate, duplicate, swap, inject a loaded key or
 value, replace with junk such as NaN, tuples, bytes, non-string keys, deep nesting), and
 feeds it to the entry point. A reader either refuses with an ``AdapterError`` or returns

@@ -1,4 +1,4 @@
-"""MCP result normalisation beyond the seed's cases."""
+"""MCP result normalisation beyond the reference fixture's cases."""
 
 from __future__ import annotations
 
@@ -95,7 +95,7 @@ def test_a_bad_retry_hint_is_dropped(retry_after: object) -> None:
             '{"authorization": [redacted], "city": "Seoul"}',
         ),
         ("postgres://admin:s3cret@db/x", "postgres://[redacted]@db/x"),
-        # the seed's two (§9.1)
+        # the reference fixture's two cases
         ("city is required; token=weather-secret", "city is required; token=[redacted]"),
         (
             "weather upstream timed out; stack=internal.ts:42",

@@ -1,4 +1,4 @@
-"""Per-surface behaviour beyond the seed fixture: shapes accepted and refused, Gemini ids,
+"""Per-surface behaviour beyond the reference fixture: shapes accepted and refused, Gemini ids,
 name mapping, outbound bodies and tool definitions."""
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
-"""The seed's §9.1 TypeScript fixture, ported case by case (plus openai-responses).
+"""The reference TypeScript fixture of the adapters' design, ported case by case (plus
+openai-responses).
 
-Envelopes are the seed's own compact shapes. The seed's gate-decision rows (mayExecute) test
-the gate, not the adapters; they are not repeated here.
+Envelopes are the fixture's own compact shapes. Its gate-decision rows (mayExecute) test the
+gate, not the adapters; they are not repeated here.
 """
 
 from __future__ import annotations
