@@ -883,10 +883,12 @@ def _translate(exc: Exception) -> CallgateError | None:
 
 
 def _operator_commands() -> None:
+    from callgate.ops.chaos.cli import chaos_command
     from callgate.ops.maintenance import prune_cmd, reconcile_group
 
     cli.add_command(reconcile_group)
     cli.add_command(prune_cmd)
+    cli.add_command(chaos_command, name="chaos")
 
 
 _operator_commands()
