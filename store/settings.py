@@ -78,6 +78,8 @@ class Settings:
     allowlist: str | None = None
     max_call_bytes: int = DEFAULT_MAX_CALL_BYTES
     max_turn_calls: int = DEFAULT_MAX_TURN_CALLS
+    # CALLGATE_MCP_CONFIG: a JSON file of MCP servers whose tools join the registry.
+    mcp_config: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Self:
@@ -117,6 +119,7 @@ class Settings:
             max_turn_calls=_int(
                 env, "CALLGATE_MAX_TURN_CALLS", DEFAULT_MAX_TURN_CALLS, minimum=1, maximum=10_000
             ),
+            mcp_config=env.get("CALLGATE_MCP_CONFIG") or None,
         )
 
     def require_database(self) -> str:
