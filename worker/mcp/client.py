@@ -95,7 +95,8 @@ def new_request_id() -> str:
 class _Wire:
     """Sees every message of one session in both directions."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_lost: Callable[[], None]) -> None:
+        self._on_lost = on_lost
         self.in_flight: set[Any] = set()  # request ids sent and not yet answered
         self.sent: set[str] = set()  # callgate's own request ids that left this process
         self.responses: dict[str, dict[str, Any]] = {}
@@ -129,6 +130,11 @@ class _Wire:
         else:
             log.warning("MCP response with an id no request is waiting for was dropped")
 
+    def lose(self) -> None:
+        """The transport ended: no call may use this session any more."""
+        self._on_lost()
+        self.lost.set()
+
     def watch(self, request_id: str) -> asyncio.Future[dict[str, Any]]:
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self.watched[request_id] = future
@@ -157,7 +163,7 @@ class _TapRead:
         try:
             item: SessionMessage | Exception = await self._inner.receive()
         except BaseException:
-            self._wire.lost.set()
+            self._wire.lose()
             raise
         self._wire.inbound(item)
         return item
@@ -172,7 +178,7 @@ class _TapRead:
             raise StopAsyncIteration from None
 
     async def aclose(self) -> None:
-        self._wire.lost.set()
+        self._wire.lose()
         await self._inner.aclose()
 
     async def __aenter__(self) -> _TapRead:
@@ -265,7 +271,7 @@ class Connection:
         """End the session and stop the server."""
         self._stopping = True
         if self._wire is not None:
-            self._wire.lost.set()
+            self._wire.lose()
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -359,7 +365,7 @@ class Connection:
 
     async def _session_once(self) -> None:
         async with self._transport() as (read, write):
-            wire = _Wire()
+            wire = _Wire(on_lost=self._ready.clear)
             dispatcher: JSONRPCDispatcher[Any] = JSONRPCDispatcher(
                 _TapRead(read, wire), _TapWrite(write, wire)
             )
