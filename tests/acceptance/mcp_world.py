@@ -35,8 +35,11 @@ class World:
         return [r for r in lines if tool is None or r["tool"] == tool]
 
 
-def make_world(root: Path, *, roles: tuple[str, ...] = ("support",)) -> World:
-    """Write the configuration and the files the servers use under ``root``."""
+def make_world(
+    root: Path, *, roles: tuple[str, ...] = ("support",), servers: tuple[str, ...] | None = None
+) -> World:
+    """Write the configuration (of ``servers``, default all) and the files the servers use
+    under ``root``."""
     root.mkdir(parents=True, exist_ok=True)
     world = World(
         root=root,
@@ -71,6 +74,8 @@ def make_world(root: Path, *, roles: tuple[str, ...] = ("support",)) -> World:
             },
         }
     }
+    if servers is not None:
+        config["mcpServers"] = {k: v for k, v in config["mcpServers"].items() if k in servers}
     world.config.write_text(json.dumps(config))
     return world
 
