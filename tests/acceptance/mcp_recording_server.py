@@ -9,6 +9,8 @@ Environment:
   when the file changes, the server sends ``notifications/tools/list_changed``;
 - ``NOTES_FILE`` (optional): where ``note`` appends its text.
 
+With ``--http PORT`` it serves streamable HTTP instead of stdio.
+
 ``tools/list`` answers two tools per page, so a client must follow ``nextCursor``. Every
 call also writes noise to stderr (including a line that looks like JSON-RPC): a client that
 mixed stderr into the protocol stream would break.
@@ -208,5 +210,18 @@ async def main() -> None:
         tasks.cancel_scope.cancel()
 
 
+def main_http(port: int) -> None:
+    """The same server over streamable HTTP on 127.0.0.1:PORT (path /mcp)."""
+    import uvicorn
+
+    server: Server[Any] = Server(
+        "recording", version="1.0", on_list_tools=list_tools, on_call_tool=call_tool
+    )
+    uvicorn.run(server.streamable_http_app(), host="127.0.0.1", port=port, log_level="warning")
+
+
 if __name__ == "__main__":
-    anyio.run(main)
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        main_http(int(sys.argv[2]))
+    else:
+        anyio.run(main)
