@@ -15,7 +15,7 @@ from typing import Any
 from jsonschema import Draft202012Validator
 from jsonschema import ValidationError as SchemaError
 from jsonschema.exceptions import SchemaError as BadSchema
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from callgate.store import values
 from callgate.store.errors import ConfigurationError, ErrorCode, JSONValueError, ToolError
@@ -72,14 +72,43 @@ def validate_arguments(tool: Tool, arguments: Mapping[str, Any]) -> Arguments:
                 details=details,
             )
         return dict(arguments)
+    # A field the model does not declare is refused even when the tool's model would ignore
+    # it (pydantic's default): an argument nobody checks must not reach a handler that may
+    # read it some other way. Only a model that says extra="allow" takes unknown fields.
+    ignores_extra = tool.arguments.model_config.get("extra") in (None, "ignore")
+    unexpected = sorted(set(arguments) - _accepted_names(tool.arguments)) if ignores_extra else []
     try:
-        return tool.arguments.model_validate(dict(arguments), strict=True)
+        validated = tool.arguments.model_validate(dict(arguments), strict=True)
     except ValidationError as exc:
         raise ToolError(
             f"arguments do not match {tool.name}'s schema",
             code=ErrorCode.INVALID_ARGUMENTS,
-            details=schema_details(exc),
+            details=schema_details(exc) + _extra_details(unexpected),
         ) from None
+    if unexpected:
+        raise ToolError(
+            f"arguments do not match {tool.name}'s schema",
+            code=ErrorCode.INVALID_ARGUMENTS,
+            details=_extra_details(unexpected),
+        )
+    return validated
+
+
+def _accepted_names(model: type[BaseModel]) -> set[str]:
+    names: set[str] = set()
+    for name, field in model.model_fields.items():
+        names.add(name)
+        for alias in (field.alias, field.validation_alias):
+            if isinstance(alias, str):
+                names.add(alias)
+    return names
+
+
+def _extra_details(names: list[str]) -> list[dict[str, Any]]:
+    return [
+        {"path": json_pointer([n]), "code": "extra_forbidden", "expected": "no such field"}
+        for n in names
+    ]
 
 
 def check_arguments(json_schema: Mapping[str, Any], arguments: Any) -> list[dict[str, Any]]:

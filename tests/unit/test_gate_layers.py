@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import BaseModel, ConfigDict, Field
 
 from callgate.producer.budgets import apply_budgets
 from callgate.producer.planning import arguments_hash, plan
@@ -16,7 +17,7 @@ from callgate.store.turns import ConversationFacts
 from callgate.store.types import CallContext, ProposedCall
 from callgate.worker import gate
 from callgate.worker.demo.tools import demo_registry
-from callgate.worker.registry import ResultLimits, Tool, from_env, load_allowlist
+from callgate.worker.registry import READ_ONLY, ResultLimits, Tool, from_env, load_allowlist
 from callgate.worker.results import TRUST_LABEL, redact_text, safe_error, safe_result
 
 DEMO = {"CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry"}
@@ -320,3 +321,64 @@ def test_a_refused_write_does_not_hold_back_the_next_write() -> None:
 def test_unparseable_arguments_hash_by_their_exact_text() -> None:
     assert arguments_hash('{"a":') == arguments_hash('{"a":')
     assert arguments_hash('{"a":') != arguments_hash('{"a": ')
+
+
+def test_an_identical_write_twice_in_one_turn_runs_once_and_names_the_first() -> None:
+    refund = {"order_id": "O-1", "amount": 1, "currency": "KRW"}
+    planned = _planned(
+        ("refund_payment", refund),
+        ("get_stock", {"symbol": "NVDA"}),
+        ("get_stock", {"symbol": "NVDA"}),  # identical reads both run
+        ("refund_payment", {"currency": "KRW", "amount": 1, "order_id": "O-1"}),
+        ("refund_payment", {**refund, "amount": 2}),  # another amount is another write
+    )
+    out = apply_budgets(
+        planned, ConversationFacts(0, frozenset()), turn_budget=9, conversation_budget=99
+    )
+    assert [p.refusal["code"] if p.refusal else None for p in out] == [
+        None,
+        None,
+        None,
+        "repeated_call",
+        None,
+    ]
+    (detail,) = out[3].refusal["details"]
+    assert detail["code"] == "repeated_in_turn"
+    assert planned[0].proposal.call_id in detail["expected"]
+    # The refused repeat holds nothing back: the next write follows the first.
+    assert out[4].after == out[0].ref
+
+
+class _Loose(BaseModel):  # a hand-written model with pydantic's default: extra="ignore"
+    city: str
+    unit: str = Field("celsius", alias="temperatureUnit")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    city: str
+
+
+def _loose_tool(arguments: type[BaseModel]) -> Tool:
+    return Tool(
+        name="loose",
+        description="A hand-written arguments model.",
+        arguments=arguments,
+        kind="read",
+        handler=lambda args, ctx: {},
+        effect=READ_ONLY,
+    )
+
+
+def test_unknown_fields_are_refused_even_when_the_tools_model_would_ignore_them() -> None:
+    tool = _loose_tool(_Loose)
+    assert gate.validate_arguments(tool, {"city": "Seoul", "temperatureUnit": "kelvin"})
+    with pytest.raises(ToolError) as refused:
+        gate.validate_arguments(tool, {"city": "Seoul", "admin": True, "sudo": 1})
+    assert refused.value.code == ErrorCode.INVALID_ARGUMENTS
+    assert [d["path"] for d in refused.value.details] == ["/admin", "/sudo"]
+    with pytest.raises(ToolError) as both:
+        gate.validate_arguments(tool, {"admin": True})  # missing city, and an extra field
+    assert {d["code"] for d in both.value.details} == {"missing", "extra_forbidden"}
+    # A model that says it takes unknown fields gets them.
+    assert gate.validate_arguments(_loose_tool(_Open), {"city": "Seoul", "x": 1})
