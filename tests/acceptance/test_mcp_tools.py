@@ -155,6 +155,17 @@ def test_invalid_arguments_are_refused_before_the_server_sees_them(
     assert [r["arguments"] for r in world.received("echo")[before:]] == [{"text": "hello"}]
 
 
+def test_calls_share_one_session_per_server_in_a_worker(
+    mcp_producer: Producer, mcp_engine: Engine, world: World
+) -> None:
+    markers = [{"text": f"reuse-{i}-{uuid.uuid4().hex[:4]}"} for i in range(3)]
+    for marker in markers:
+        _, row = run(mcp_producer, mcp_engine, "rec__echo", marker)
+        assert row["state"] == "succeeded"
+    pids = {r["pid"] for r in world.received("echo") if r["arguments"] in markers}
+    assert len(pids) == 1  # one server process served them all: not a session per call
+
+
 def test_tool_errors_are_classified_by_the_servers_stable_code(
     mcp_producer: Producer, mcp_engine: Engine
 ) -> None:
