@@ -171,6 +171,16 @@ Index("outbox_unpublished", outbox.c.id, postgresql_where=text("published_at IS 
 # Retention deletes calls; the foreign-key check looks their outbox rows up by call.
 Index("outbox_call", outbox.c.call_ref)
 
+# Write operations a person must reconcile: the state gauges count them without reading
+# history (store/gauges.py uses exactly this predicate).
+Index(
+    "operations_reconciliation",
+    operations.c.completed_at,
+    postgresql_where=text(
+        "state = 'failed' AND (result #>> '{error,code}') = 'reconciliation_pending'"
+    ),
+)
+
 trace_events = Table(
     "trace_events",
     metadata,
