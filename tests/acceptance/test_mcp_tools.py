@@ -46,6 +46,7 @@ def mcp_env(world: World, make_own_database: Callable[[], str], redis_url: str) 
         "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
         "CALLGATE_MCP_CONFIG": str(world.config),
         "CALLGATE_LOG_LEVEL": "INFO",
+        "CALLGATE_LOG_FORMAT": "json",
     }
 
 
@@ -339,10 +340,20 @@ def test_stderr_of_a_server_goes_to_the_log_never_the_protocol(
 ) -> None:
     _, row = run(mcp_producer, mcp_engine, "rec__echo", {"text": "quiet"})
     assert row["state"] == "succeeded"
-    wait_until(
-        lambda: "callgate.mcp.rec INFO stderr: handling echo" in log_path.read_text(),
-        what="the server's stderr in the worker's log, under the server's name",
-    )
+
+    def logged() -> bool:
+        for line in log_path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if record.get("logger") == "callgate.mcp.rec" and record.get("message") == (
+                "stderr: handling echo"
+            ):
+                return True
+        return False
+
+    wait_until(logged, what="the server's stderr in the worker's log, under the server's name")
 
 
 def test_callgate_tools_lists_the_mcp_tools_a_role_may_use(mcp_env: dict[str, str]) -> None:
