@@ -893,5 +893,14 @@ def _operator_commands() -> None:
 
 _operator_commands()
 
+
+def _mcp_commands() -> None:
+    from callgate.ops.mcp_gateway import mcp_gateway_cmd
+
+    cli.add_command(mcp_gateway_cmd)
+
+
+_mcp_commands()
+
 if __name__ == "__main__":
     main()

@@ -108,6 +108,8 @@ class Settings:
     # Serve the gauges read from Postgres and Redis; None: the command's default (the
     # sweeper serves them, other processes do not).
     state_metrics: bool | None = None
+    # CALLGATE_MCP_CONFIG: a JSON file of MCP servers whose tools join the registry.
+    mcp_config: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Self:
@@ -150,6 +152,7 @@ class Settings:
             metrics_port=_int(env, "CALLGATE_METRICS_PORT", 0, minimum=0, maximum=MAX_PORT),
             metrics_host=(env.get("CALLGATE_METRICS_HOST") or "0.0.0.0").strip(),
             state_metrics=_bool(env, "CALLGATE_STATE_METRICS"),
+            mcp_config=env.get("CALLGATE_MCP_CONFIG") or None,
         )
 
     def require_database(self) -> str:
