@@ -9,21 +9,20 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import os
 import signal
 import sys
 import tempfile
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TextIO
 
 import click
 
-from callgate.store import db, values
+from callgate.store import db, logs, values
 from callgate.store import migrate as migrations
 from callgate.store.errors import (
     CallgateError,
@@ -32,7 +31,7 @@ from callgate.store.errors import (
     InputError,
     JSONValueError,
 )
-from callgate.store.settings import MAX_WORKER_CONCURRENCY, Settings
+from callgate.store.settings import MAX_WORKER_CONCURRENCY, Settings, metrics_port
 
 EXIT_ERROR = 2
 
@@ -41,12 +40,73 @@ def _settings() -> Settings:
     return Settings.from_env()
 
 
-def _setup_logging(level: str) -> None:
+def _port_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    # Parsed here rather than by click so a bad port is callgate's invalid_configuration,
+    # like a bad CALLGATE_METRICS_PORT.
+    return None if value is None else metrics_port(value, "--metrics-port")
+
+
+_METRICS_PORT = click.option(
+    "--metrics-port",
+    default=None,
+    callback=_port_option,
+    metavar="PORT",
+    help="Serve Prometheus metrics on http://CALLGATE_METRICS_HOST:PORT/metrics; 0: off "
+    "(env CALLGATE_METRICS_PORT, default 0). See docs/metrics.md.",
+)
+
+
+def _state_metrics_option(
+    default: bool,
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    return click.option(
+        "--state-metrics/--no-state-metrics",
+        default=None,
+        help="Also serve the gauges read from Postgres and Redis (open calls, outbox lag, "
+        "reconciliation, approvals, queue depth); serve them from one kind of process only "
+        f"(env CALLGATE_STATE_METRICS; default {'on' if default else 'off'} for this "
+        "command).",
+    )
+
+
+def _with_metrics(settings: Settings, port: int | None, state: bool | None) -> Settings:
+    changes: dict[str, Any] = {}
+    if port is not None:
+        changes["metrics_port"] = port
+    if state is not None:
+        changes["state_metrics"] = state
+    return dataclasses.replace(settings, **changes) if changes else settings
+
+
+def _serve_metrics(settings: Settings, *, state_default: bool) -> None:
+    """Serve /metrics if a port is set; with the state gauges if asked (or by default)."""
+    if not settings.metrics_port:
+        return
+    from callgate.store import metrics
+
+    if settings.state_metrics if settings.state_metrics is not None else state_default:
+        from prometheus_client import REGISTRY
+
+        from callgate.store import gauges, transport
+
+        connection = transport.connect(settings.require_redis())
+        REGISTRY.register(
+            gauges.StateCollector(
+                db.create(
+                    settings.require_database(), pool_size=1, application_name="callgate-metrics"
+                ),
+                connection,
+                queue_key=transport.job_queue(connection, settings.queue).key,
+                window_seconds=gauges.recovery_window(settings),
+            )
+        )
+    metrics.serve(settings.metrics_port, settings.metrics_host)
+
+
+def _setup_logging(level: str, fmt: logs.LogFormat = "auto") -> None:
     from callgate.worker import redaction
 
-    logging.basicConfig(
-        level=level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s"
-    )
+    logs.configure(level, fmt)
     # Every record of every callgate process (RQ's included) is redacted as it is made: a
     # handler's exception text is tool output and may hold a password or a token.
     redaction.install_log_redaction()
@@ -60,13 +120,22 @@ def _setup_logging(level: str) -> None:
     show_default=True,
     help="Python log level (env CALLGATE_LOG_LEVEL).",
 )
-def cli(log_level: str) -> None:
+@click.option(
+    "--log-format",
+    envvar="CALLGATE_LOG_FORMAT",
+    type=click.Choice(["auto", "json", "text"]),
+    default="auto",
+    show_default=True,
+    help="Logs on stderr: one JSON object per line, readable text, or auto (JSON unless "
+    "stderr is a terminal) (env CALLGATE_LOG_FORMAT).",
+)
+def cli(log_level: str, log_format: logs.LogFormat) -> None:
     """callgate: a queue-driven, multi-worker executor for LLM tool calls.
 
     Services come from CALLGATE_DATABASE_URL and CALLGATE_REDIS_URL; 'demo' and 'up' start
     embedded ones when those are unset.
     """
-    _setup_logging(log_level)
+    _setup_logging(log_level, log_format)
 
 
 # --- the stack --------------------------------------------------------------------------
@@ -113,7 +182,15 @@ def _migrate(settings: Settings, *, demo_downstream: bool, reset_demo: bool) -> 
     default=None,
     help="Calls this process runs at once (env CALLGATE_WORKER_CONCURRENCY, default 8).",
 )
-def worker_cmd(burst: bool, name: str | None, concurrency: int | None) -> None:
+@_METRICS_PORT
+@_state_metrics_option(False)
+def worker_cmd(
+    burst: bool,
+    name: str | None,
+    concurrency: int | None,
+    metrics_port: int | None,
+    state_metrics: bool | None,
+) -> None:
     """Run one worker process on CALLGATE_QUEUE (start several to scale out).
 
     Runs the tools of the registry CALLGATE_TOOLS names (module:attribute; required), up to
@@ -122,23 +199,27 @@ def worker_cmd(burst: bool, name: str | None, concurrency: int | None) -> None:
     """
     from callgate.worker import process
 
-    settings = _settings()
+    settings = _with_metrics(_settings(), metrics_port, state_metrics)
     if concurrency is not None:
         settings = dataclasses.replace(settings, worker_concurrency=concurrency)
+    _serve_metrics(settings, state_default=False)
     with _quiet_interrupt():
         process.run(settings, burst=burst, name=name)
 
 
 @cli.command("relayer")
-def relayer_cmd() -> None:
+@_METRICS_PORT
+@_state_metrics_option(False)
+def relayer_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
     """Publish committed results from the outbox to Redis (several may run at once).
 
     CALLGATE_RELAYER_MARK_DELAY_MS widens the publish-to-mark window (chaos tests).
     """
     from callgate.store import relayer, transport
 
-    settings = _settings()
+    settings = _with_metrics(_settings(), metrics_port, state_metrics)
     url = settings.require_database()
+    _serve_metrics(settings, state_default=False)
     delay = float(os.environ.get("CALLGATE_RELAYER_MARK_DELAY_MS") or 0) / 1000
     with _quiet_interrupt(), _stop_on_term() as stop:
         relayer.run(
@@ -153,12 +234,20 @@ def relayer_cmd() -> None:
 
 
 @cli.command("sweeper")
-def sweeper_cmd() -> None:
+@_METRICS_PORT
+@_state_metrics_option(True)
+def sweeper_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
     """Re-dispatch calls whose worker died or whose job Redis lost; end calls dispatched
-    CALLGATE_MAX_DISPATCHES times that are still open."""
-    from callgate.store import sweeper, transport
+    CALLGATE_MAX_DISPATCHES times that are still open.
 
-    settings = _settings()
+    With a metrics port it also serves the gauges read from Postgres and Redis, unless
+    --no-state-metrics.
+    """
+    from callgate.store import metrics, sweeper, transport
+
+    settings = _with_metrics(_settings(), metrics_port, state_metrics)
+    metrics.declare_sweeper()
+    _serve_metrics(settings, state_default=True)
     connection = transport.connect(settings.require_redis())
     with _quiet_interrupt(), _stop_on_term() as stop:
         sweeper.run(
@@ -188,25 +277,39 @@ def sweeper_cmd() -> None:
     show_default=True,
     help="Where embedded services keep their data (env CALLGATE_DATA_DIR).",
 )
-def up_cmd(workers: int, data_dir: Path) -> None:
+@click.option(
+    "--metrics-port",
+    default=None,
+    callback=_port_option,
+    metavar="PORT",
+    help="Serve /metrics from every process on its own port: the sweeper on PORT, the "
+    "relayer on PORT+1, worker i on PORT+1+i; 0: off (env CALLGATE_METRICS_PORT).",
+)
+def up_cmd(workers: int, data_dir: Path, metrics_port: int | None) -> None:
     """Run migrations, workers, relayer and sweeper in the foreground until Ctrl-C.
 
     Needs CALLGATE_TOOLS (e.g. callgate.worker.demo.tools:demo_registry to try the demo tools): this
     is the stack an application uses, so it never picks tools on its own.
     """
-    from callgate.ops.stack import Stack
+    from callgate.ops.stack import Stack, check_ports_free
     from callgate.worker import registry
 
     # Refuse before any service starts, rather than leave children failing one by one.
     registry.from_settings(_settings())
+    base = _with_metrics(_settings(), metrics_port, None).metrics_port
+    stack = Stack(env={}, workers=workers, metrics_port=base)
+    check_ports_free(stack.metrics_ports(), _settings().metrics_host)
     with _services(_settings(), data_dir) as settings:
         _migrate(settings, demo_downstream=True, reset_demo=False)
         env = _service_env(settings)
         click.echo("callgate is up. In another shell:")
         for key, value in env.items():
             click.echo(f"  export {key}='{value}'")
+        for name, port in stack.metrics_ports().items():
+            click.echo(f"  {name}: http://127.0.0.1:{port}/metrics")
         click.echo("Ctrl-C stops it.")
-        with Stack(env=env, workers=workers), _quiet_interrupt(), _stop_on_term() as stop:
+        stack.env = env
+        with stack, _quiet_interrupt(), _stop_on_term() as stop:
             stop.wait()
 
 
@@ -780,13 +883,24 @@ def _translate(exc: Exception) -> CallgateError | None:
 
 
 def _operator_commands() -> None:
+    from callgate.ops.chaos.cli import chaos_command
     from callgate.ops.maintenance import prune_cmd, reconcile_group
 
     cli.add_command(reconcile_group)
     cli.add_command(prune_cmd)
+    cli.add_command(chaos_command, name="chaos")
 
 
 _operator_commands()
+
+
+def _mcp_commands() -> None:
+    from callgate.ops.mcp_gateway import mcp_gateway_cmd
+
+    cli.add_command(mcp_gateway_cmd)
+
+
+_mcp_commands()
 
 if __name__ == "__main__":
     main()

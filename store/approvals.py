@@ -14,6 +14,9 @@ policy version. An approver's decision applies to exactly that request:
   computes another intent and the old approval does not apply (TOCTOU).
 - ``deny``: pending → denied, and every call parked on it ends ``approval_denied``.
 
+Each counts itself in ``callgate_approvals_total{tool, outcome}`` (requested, superseded,
+granted, denied) in the process that ran it.
+
 Four eyes and tenants: an approver acts for one tenant and never decides a request they
 asked for themselves. Both conditions are in the guarded statement that decides, beside
 ``state = 'pending'``, so no interleaving can slip a self-approval between a check and a
@@ -30,7 +33,7 @@ from typing import Any, Literal
 
 from sqlalchemy import Engine, text
 
-from callgate.store import db
+from callgate.store import db, metrics
 from callgate.store.errors import ApprovalError, ErrorCode
 from callgate.store.reservations import FINISH_TAIL, Finished, result_body
 
@@ -94,7 +97,9 @@ WITH matching AS (
        (SELECT approval_id FROM target LIMIT 1) AS approval_id,
        (SELECT version FROM target LIMIT 1) AS version,
        (SELECT state FROM target LIMIT 1) AS state,
-       (SELECT count(*) FROM parked) AS parked"""
+       (SELECT count(*) FROM parked) AS parked,
+       (SELECT count(*) FROM created) AS created,
+       (SELECT count(*) FROM superseded) AS superseded"""
 )
 
 APPROVE_SQL = """
@@ -213,6 +218,8 @@ def settle(
                 "detail": json.dumps(detail or {}),
             },
         ).one()
+    metrics.approval(tool_name, "requested", row.created)
+    metrics.approval(tool_name, "superseded", row.superseded)
     return Settled(
         approval_id=row.approval_id,
         version=row.version or 0,
@@ -236,6 +243,7 @@ def approve(engine: Engine, approval_id: str, *, by: str, tenant: str) -> list[u
         ).one()
     if not row.decided:
         _explain(engine, ident, by=who, tenant=tenant)
+    metrics.approval(_tool_of(engine, ident), "granted")
     return list(row.resumed)
 
 
@@ -266,6 +274,7 @@ def deny(engine: Engine, approval_id: str, *, by: str, tenant: str) -> Finished:
         ).one()
     if not row.decided:
         _explain(engine, ident, by=who, tenant=tenant)
+    metrics.approval(_tool_of(engine, ident), "denied")
     return Finished(row.finished, list(row.successors))
 
 
@@ -287,6 +296,16 @@ def show(engine: Engine, approval_id: str, *, tenant: str) -> dict[str, Any]:
     if not found:
         raise _unknown(approval_id)
     return found[0]
+
+
+def _tool_of(engine: Engine, ident: uuid.UUID) -> str:
+    """The tool of a request just decided: the label its decision is counted under (a
+    registered tool's name: a request exists only for a call the gate admitted)."""
+    with db.autocommit(engine) as conn:
+        name = conn.execute(
+            text("SELECT tool_name FROM callgate.approvals WHERE approval_id = :a"), {"a": ident}
+        ).scalar_one()
+    return str(name)
 
 
 def _explain(engine: Engine, ident: uuid.UUID, *, by: str, tenant: str) -> None:

@@ -6,7 +6,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from callgate.store import db
 
@@ -22,6 +22,9 @@ SELECT c.id, c.turn_id, c.call_id, c.tool_name, c.arguments, c.kind, c.state,
   LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
  WHERE c.id = :ref
 """
+
+
+_LOAD = db.Statement(LOAD_SQL)
 
 
 @dataclass(frozen=True)
@@ -46,11 +49,11 @@ class CallRecord:
 
 
 def load(engine: Engine, ref: uuid.UUID) -> CallRecord | None:
-    with db.autocommit(engine) as conn:
-        row = conn.execute(text(LOAD_SQL), {"ref": ref}).mappings().first()
+    with db.raw_autocommit(engine) as conn:
+        row = conn.first(_LOAD, {"ref": ref})
     if row is None:
         return None
-    data = dict(row)
+    data = row._asdict()
     data["ref"] = data.pop("id")
     data["roles"] = tuple(data["roles"])
     return CallRecord(**data)

@@ -53,6 +53,8 @@ class ErrorCode(StrEnum):
     MCP_WIRE_ERROR = "mcp_wire_error"
     MCP_TOOL_EXECUTION_FAILED = "mcp_tool_execution_failed"
     MCP_RESPONSE_ID_MISMATCH = "mcp_response_id_mismatch"
+    # A read whose structuredContent does not match the tool's published outputSchema.
+    MCP_INVALID_OUTPUT = "mcp_invalid_output"
     # Input, configuration and infrastructure.
     INVALID_INPUT = "invalid_input"
     INVALID_CONFIGURATION = "invalid_configuration"

@@ -9,7 +9,6 @@ was disconnected is lost, so it always drains once after (re)connecting).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -24,8 +23,10 @@ log = logging.getLogger("callgate.relayer")
 
 CHANNEL = "callgate_outbox"
 
+# The payload as Postgres' own JSON text: published as it is, never parsed and dumped again
+# (the same JSON value; fan-in parses it).
 CLAIM_SQL = """
-SELECT id, turn_id, payload
+SELECT id, turn_id, CAST(payload AS text) AS payload
   FROM callgate.outbox
  WHERE published_at IS NULL
  ORDER BY id
@@ -50,9 +51,12 @@ def drain_once(
         if not rows:
             return 0
         pipe = connection.pipeline(transaction=False)
+        streams: dict[str, None] = {}
         for row in rows:
             stream = transport.results_stream(queue, row.turn_id)
-            pipe.xadd(stream, {"outbox_id": row.id, "result": json.dumps(row.payload)})
+            pipe.xadd(stream, {"outbox_id": row.id, "result": row.payload})
+            streams[stream] = None
+        for stream in streams:  # once per stream of the batch, after its last entry
             pipe.expire(stream, transport.RESULT_STREAM_TTL_SECONDS)
         with transport.translate_errors("relayer publish"):
             pipe.execute()
@@ -67,10 +71,14 @@ def drain_once(
 def drain(
     engine: Engine, connection: redis.Redis, *, queue: str, batch: int, mark_delay: float = 0.0
 ) -> int:
+    """Publish batches until one comes back short: then nothing else was waiting when it was
+    claimed (a row committed since wakes the relayer through its own notification)."""
     total = 0
-    while n := drain_once(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay):
+    while True:
+        n = drain_once(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
         total += n
-    return total
+        if n < batch:
+            return total
 
 
 def run(
@@ -92,8 +100,12 @@ def run(
                 listener.execute(f"LISTEN {CHANNEL}")
                 drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
                 while not stop.is_set():
-                    # Wake on the first notification or after poll_seconds, then drain.
+                    # Wake on the first notification or after poll_seconds, take every other
+                    # notification already queued (one drain publishes all their rows), then
+                    # drain.
                     for _ in listener.notifies(timeout=poll_seconds, stop_after=1):
+                        pass
+                    for _ in listener.notifies(timeout=0):
                         pass
                     drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
         except Exception as exc:  # keep relaying: a restart would lose nothing, but costs time

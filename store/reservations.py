@@ -2,7 +2,8 @@
 
 - ``reserve``: one guarded UPDATE; exactly one of N competing workers gets a row back. A
   lease that has expired is taken over with ``generation + 1`` (the fencing token).
-- ``renew``: extends the lease only for the same owner and generation.
+- ``renew``: extends the lease only for the same owner and generation (``renew_many``: the
+  same for many leases in one statement, each with the same guard).
 - ``complete``: requires state ``in_progress`` and the same intent, owner and generation; in
   the same statement it writes the result to the operation and to every call the operation
   started, their outbox rows and trace events, and wakes the relayer. No row means a stale
@@ -94,6 +95,33 @@ UPDATE callgate.operations
    AND owner_token = :owner_token
    AND generation = :generation
 RETURNING lease_expires_at
+"""
+
+# ``RENEW_SQL`` for many leases in one statement: each row has exactly RENEW_SQL's guard.
+# The rows are locked in operation id order, so two batches never wait on each other.
+RENEW_MANY_SQL = """
+WITH lease AS (
+    SELECT * FROM unnest(CAST(:operation_ids AS text[]), CAST(:owner_tokens AS uuid[]),
+                         CAST(:generations AS integer[]), CAST(:lease_seconds AS float8[]))
+           AS l(operation_id, owner_token, generation, lease_seconds)
+), held AS (
+    SELECT o.operation_id, lease.owner_token, lease.generation, lease.lease_seconds
+      FROM callgate.operations AS o
+      JOIN lease ON lease.operation_id = o.operation_id
+     WHERE o.state = 'in_progress'
+       AND o.owner_token = lease.owner_token
+       AND o.generation = lease.generation
+     ORDER BY o.operation_id
+       FOR UPDATE OF o
+)
+UPDATE callgate.operations AS o
+   SET lease_expires_at = now() + make_interval(secs => held.lease_seconds)
+  FROM held
+ WHERE o.operation_id = held.operation_id
+   AND o.state = 'in_progress'
+   AND o.owner_token = held.owner_token
+   AND o.generation = held.generation
+RETURNING o.operation_id, o.owner_token, o.generation
 """
 
 # The tail shared by every statement that ends calls: `finished` holds the calls just made
@@ -324,6 +352,19 @@ VALUES (:turn_id, :call_ref, :operation_id, :event, :generation, CAST(:detail AS
 """
 
 
+# Converted once for the pooled driver connection (``db.raw_autocommit``): the same SQL text.
+_RESERVE = db.Statement(RESERVE_SQL)
+_RENEW = db.Statement(RENEW_SQL)
+_RENEW_MANY = db.Statement(RENEW_MANY_SQL)
+_COMPLETE = db.Statement(COMPLETE_SQL)
+_REFUSE = db.Statement(REFUSE_SQL)
+_REJECT = db.Statement(REJECT_SQL)
+_REUSE = db.Statement(REUSE_SQL)
+_WHY_LOST = db.Statement(WHY_LOST_SQL)
+_COMPLETED_BY = db.Statement(COMPLETED_BY_SQL)
+_TRACE = db.Statement(TRACE_SQL)
+
+
 @dataclass(frozen=True)
 class Reserved:
     generation: int
@@ -383,8 +424,8 @@ def reserve(
     }
 
     def attempt() -> Reserved | NotReserved:
-        with db.autocommit(engine) as conn:
-            row = conn.execute(text(RESERVE_SQL), params).first()
+        with db.raw_autocommit(engine) as conn:
+            row = conn.first(_RESERVE, params)
             if row is not None:
                 return Reserved(row.generation, takeover=row.reserved_from == "in_progress")
             return why_lost(
@@ -399,7 +440,7 @@ def reserve(
 
 
 def why_lost(
-    conn: Connection,
+    conn: Connection | db.RawConnection,
     *,
     operation_id: str,
     call_ref: uuid.UUID,
@@ -410,9 +451,11 @@ def why_lost(
     next. Nothing changes state on the strength of this read. A reservation that already
     carries ``owner_token`` is this delivery's own, committed by an attempt whose reply was
     lost."""
-    op = conn.execute(
-        text(WHY_LOST_SQL), {"operation_id": operation_id, "call_ref": call_ref}
-    ).first()
+    params = {"operation_id": operation_id, "call_ref": call_ref}
+    if isinstance(conn, db.RawConnection):
+        op = conn.first(_WHY_LOST, params)
+    else:
+        op = conn.execute(text(WHY_LOST_SQL), params).first()
     if op is None:
         return NotReserved("missing")
     if owner_token is not None and op.owner_token == owner_token and op.state == "in_progress":
@@ -443,6 +486,24 @@ def renew(conn: Connection, lease: Lease, lease_seconds: float) -> bool:
         },
     ).first()
     return row is not None
+
+
+def renew_many(
+    conn: db.RawConnection, leases: list[tuple[Lease, float]]
+) -> set[tuple[str, uuid.UUID, int]]:
+    """Renew each ``(lease, lease_seconds)`` that its owner still holds, in one statement;
+    returns ``(operation_id, owner_token, generation)`` of those renewed (the others were
+    taken over or finished: their owner must stop counting on them)."""
+    rows = conn.execute(
+        _RENEW_MANY,
+        {
+            "operation_ids": [lease.operation_id for lease, _ in leases],
+            "owner_tokens": [lease.owner_token for lease, _ in leases],
+            "generations": [lease.generation for lease, _ in leases],
+            "lease_seconds": [float(seconds) for _, seconds in leases],
+        },
+    )
+    return {(row.operation_id, row.owner_token, row.generation) for row in rows}
 
 
 def result_body(status: str, payload: dict[str, Any]) -> str:
@@ -489,12 +550,12 @@ def complete(
     def attempt() -> Finished:
         nonlocal attempts
         attempts += 1
-        with db.autocommit(engine) as conn:
-            row = conn.execute(text(COMPLETE_SQL), params).one()
+        with db.raw_autocommit(engine) as conn:
+            row = conn.one(_COMPLETE, params)
             if row.won:
                 return Finished(row.finished, list(row.successors), won=True)
             if attempts > 1:  # did the attempt whose connection died commit first?
-                mine = conn.execute(text(COMPLETED_BY_SQL), params).first()
+                mine = conn.first(_COMPLETED_BY, params)
                 return Finished(0, [], won=mine is not None)
             return Finished(0, [], won=False)
 
@@ -528,8 +589,8 @@ def refuse(
     }
 
     def attempt() -> Finished | NotReserved:
-        with db.autocommit(engine) as conn:
-            row = conn.execute(text(REFUSE_SQL), params).one()
+        with db.raw_autocommit(engine) as conn:
+            row = conn.one(_REFUSE, params)
             if row.won:
                 return Finished(row.finished, list(row.successors))
             lost = why_lost(
@@ -558,7 +619,7 @@ def reject(
         "generation": None,
         "detail": json.dumps(detail or {}),
     }
-    return _storing(lambda: _finish_statement(engine, REJECT_SQL, params))
+    return _storing(lambda: _finish_statement(engine, _REJECT, params))
 
 
 def reuse(
@@ -572,7 +633,7 @@ def reuse(
         "generation": None,
         "detail": json.dumps(detail or {}),
     }
-    return _storing(lambda: _finish_statement(engine, REUSE_SQL, params))
+    return _storing(lambda: _finish_statement(engine, _REUSE, params))
 
 
 def conclude(
@@ -623,9 +684,9 @@ def abandon(
     return Finished(row.finished, list(row.successors))
 
 
-def _finish_statement(engine: Engine, sql: str, params: dict[str, Any]) -> Finished:
-    with db.autocommit(engine) as conn:
-        row = conn.execute(text(sql), params).one()
+def _finish_statement(engine: Engine, sql: db.Statement, params: dict[str, Any]) -> Finished:
+    with db.raw_autocommit(engine) as conn:
+        row = conn.one(sql, params)
     return Finished(row.finished, list(row.successors))
 
 
@@ -653,9 +714,9 @@ def trace(
     detail: dict[str, Any] | None = None,
 ) -> None:
     """A counted event that changes no state (duplicate delivery, stale owner, …)."""
-    with db.autocommit(engine) as conn:
+    with db.raw_autocommit(engine) as conn:
         conn.execute(
-            text(TRACE_SQL),
+            _TRACE,
             {
                 "turn_id": turn_id,
                 "call_ref": call_ref,

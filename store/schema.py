@@ -171,6 +171,16 @@ Index("outbox_unpublished", outbox.c.id, postgresql_where=text("published_at IS 
 # Retention deletes calls; the foreign-key check looks their outbox rows up by call.
 Index("outbox_call", outbox.c.call_ref)
 
+# Write operations a person must reconcile: the state gauges count them without reading
+# history (store/gauges.py uses exactly this predicate).
+Index(
+    "operations_reconciliation",
+    operations.c.completed_at,
+    postgresql_where=text(
+        "state = 'failed' AND (result #>> '{error,code}') = 'reconciliation_pending'"
+    ),
+)
+
 trace_events = Table(
     "trace_events",
     metadata,
@@ -185,3 +195,25 @@ trace_events = Table(
 )
 Index("trace_events_call", trace_events.c.call_ref)
 Index("trace_events_turn", trace_events.c.turn_id)
+
+# Each MCP tool's definition as its server published it, one row per version: a changed
+# input schema, output schema, annotations or server version is a new version, and a call's
+# intent names the version it was admitted under.
+mcp_tools = Table(
+    "mcp_tools",
+    metadata,
+    Column("server", Text, primary_key=True),
+    Column("tool", Text, primary_key=True),
+    Column("version", Integer, primary_key=True),
+    Column("digest", Text, nullable=False),
+    Column("description", Text, nullable=False, server_default=""),
+    Column("input_schema", JSONB, nullable=False),
+    Column("output_schema", JSONB),
+    Column("annotations", JSONB),
+    Column("server_name", Text),
+    Column("server_version", Text),
+    Column("protocol_version", Text),
+    Column("discovered_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("server", "tool", "digest", name="mcp_tools_digest"),
+    CheckConstraint("version > 0", name="mcp_tools_version_positive"),
+)

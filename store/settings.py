@@ -46,6 +46,30 @@ def _int(
     return value
 
 
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _bool(env: dict[str, str], name: str) -> bool | None:
+    raw = env.get(name)
+    if raw is None or raw.strip() == "":
+        return None
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigurationError(f"{name}={raw!r}: use 1/true/yes/on or 0/false/no/off")
+
+
+MAX_PORT = 65535
+
+
+def metrics_port(raw: str, name: str = "CALLGATE_METRICS_PORT") -> int:
+    """A TCP port for /metrics, 0 for none; anything else is a ConfigurationError."""
+    return _int({name: raw}, name, 0, minimum=0, maximum=MAX_PORT)
+
+
 # Submit's caps (see producer/validation.py). A call's arguments are stored as one jsonb
 # value, and PostgreSQL's jsonb holds at most 255 MB; a tool call anywhere near that is not
 # one, so the cap itself is capped.
@@ -78,6 +102,14 @@ class Settings:
     allowlist: str | None = None
     max_call_bytes: int = DEFAULT_MAX_CALL_BYTES
     max_turn_calls: int = DEFAULT_MAX_TURN_CALLS
+    # /metrics: the port this process serves it on (0: not served) and the address it binds.
+    metrics_port: int = 0
+    metrics_host: str = "0.0.0.0"
+    # Serve the gauges read from Postgres and Redis; None: the command's default (the
+    # sweeper serves them, other processes do not).
+    state_metrics: bool | None = None
+    # CALLGATE_MCP_CONFIG: a JSON file of MCP servers whose tools join the registry.
+    mcp_config: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Self:
@@ -117,6 +149,10 @@ class Settings:
             max_turn_calls=_int(
                 env, "CALLGATE_MAX_TURN_CALLS", DEFAULT_MAX_TURN_CALLS, minimum=1, maximum=10_000
             ),
+            metrics_port=_int(env, "CALLGATE_METRICS_PORT", 0, minimum=0, maximum=MAX_PORT),
+            metrics_host=(env.get("CALLGATE_METRICS_HOST") or "0.0.0.0").strip(),
+            state_metrics=_bool(env, "CALLGATE_STATE_METRICS"),
+            mcp_config=env.get("CALLGATE_MCP_CONFIG") or None,
         )
 
     def require_database(self) -> str:

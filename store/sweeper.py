@@ -34,7 +34,7 @@ from typing import Any
 from rq import Queue
 from sqlalchemy import Connection, Engine, text
 
-from callgate.store import db, reservations, transport
+from callgate.store import db, metrics, reservations, transport
 from callgate.store.errors import ErrorCode
 
 log = logging.getLogger("callgate.sweeper")
@@ -119,11 +119,14 @@ def sweep_once(
         spent = [
             d for d in due if d.state != "awaiting_approval" and d.dispatches >= max_dispatches
         ]
-        again = [d.ref for d in due if d not in spent]
+        redo = [d for d in due if d not in spent]
+        again = [d.ref for d in redo]
         if again:
             conn.execute(text(MARK_SQL), {"refs": again})
             # Inside the transaction: if Redis refuses, the marks roll back with it.
             transport.enqueue_calls(queue, again, timeout=job_timeout)
+    for d in redo:  # counted once the marks committed with the enqueue
+        metrics.redispatched(_reason(d))
     ended: list[uuid.UUID] = []
     for d in spent:
         with db.autocommit(engine) as conn:
@@ -134,6 +137,15 @@ def sweep_once(
     if ended:
         log.warning("sweeper ended %d call(s) out of dispatches", len(ended))
     return Sweep(again, ended)
+
+
+def _reason(due: _Due) -> str:
+    """Why a call is due again, as ``callgate_sweeper_redispatches_total`` labels it."""
+    if due.state == "awaiting_approval":
+        return "approval_decided"
+    if due.op_state == "in_progress":
+        return "lease_expired"
+    return "stale"
 
 
 def _end(
@@ -160,10 +172,19 @@ def _end(
             event="delivery_exhausted",
             detail=detail,
         )
+        if finished.won and due.kind == "write":
+            # The operation ends here, once: the other side of the side-effect ratio. (Its
+            # tool was registered: the operation was reserved.)
+            tool = conn.execute(
+                text("SELECT tool_name FROM callgate.operations WHERE operation_id = :o"),
+                {"o": due.operation_id},
+            ).scalar_one()
+            metrics.write_operation_completed(str(tool))
     else:
         finished = reservations.abandon(
             conn, call_ref=due.ref, error=exhausted, event="delivery_exhausted", detail=detail
         )
+    metrics.exhausted(error["code"], finished.finished)
     if finished.successors:
         try:
             transport.enqueue_calls(queue, finished.successors, timeout=job_timeout)

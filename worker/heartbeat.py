@@ -1,10 +1,19 @@
-"""Renews the lease while a handler runs; tells the handler when the lease is gone."""
+"""Renews the lease while a handler runs; tells the handler when the lease is gone.
+
+One renewal thread per process (per engine) serves every call in flight: each lease is due
+every third of its lease, and the leases due together are renewed in one statement
+(``reservations.renew_many``, the same guard per lease as ``renew``). A thread per call cost
+a thread start and join on every call, including the many that end long before their first
+renewal.
+"""
 
 from __future__ import annotations
 
 import logging
 import threading
 import time
+import uuid
+import weakref
 
 from sqlalchemy import Engine
 
@@ -12,9 +21,12 @@ from callgate.store import db, reservations
 
 log = logging.getLogger("callgate.worker")
 
+# A renewal thread with no lease to renew exits after this long (a new lease starts it again).
+IDLE_EXIT_SECONDS = 5.0
+
 
 class Heartbeat:
-    """Renews every ``lease_seconds / 3`` on its own connection until stopped.
+    """Renews every ``lease_seconds / 3`` until stopped.
 
     ``expired()`` is true once the lease can no longer be counted on: a renewal found that
     another worker took the operation over, or the last lease this worker knows it got has
@@ -38,6 +50,7 @@ class Heartbeat:
         self.lease_seconds = lease_seconds
         self.lost = threading.Event()
         self.renewals = 0
+        self.interval = lease_seconds / 3
         # Measured before the statement that granted the lease was sent: the lease runs
         # from a moment no earlier than this, so this estimate never outlives it.
         start = time.monotonic() if reserved_at is None else reserved_at
@@ -46,38 +59,132 @@ class Heartbeat:
         # and the call is taken over as if this worker had died: a hung handler cannot keep
         # its call open forever.
         self._give_up_at = None if max_seconds is None else start + max_seconds
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="lease-heartbeat", daemon=True)
+        self.next_due = 0.0  # set by the renewer when it takes the lease on
 
     def __enter__(self) -> Heartbeat:
-        self._thread.start()
+        _renewer(self.engine).add(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
+        _renewer(self.engine).remove(self)
 
     def expired(self) -> bool:
         return self.lost.is_set() or time.monotonic() >= self._valid_until
 
-    def _run(self) -> None:
-        interval = self.lease_seconds / 3
-        while not self._stop.wait(interval):
-            sent = time.monotonic()
-            if self._give_up_at is not None and sent >= self._give_up_at:
-                log.warning(
-                    "operation %s: handler ran past the job timeout; its lease is let go",
-                    self.lease.operation_id,
+    # --- called by the renewal thread ----------------------------------------------------
+
+    def gives_up(self, now: float) -> bool:
+        """Past the job timeout: let the lease go (once)."""
+        if self._give_up_at is None or now < self._give_up_at:
+            return False
+        log.warning(
+            "operation %s: handler ran past the job timeout; its lease is let go",
+            self.lease.operation_id,
+        )
+        self.lost.set()
+        return True
+
+    def renewed(self, sent: float) -> None:
+        self._valid_until = sent + self.lease_seconds
+        self.renewals += 1
+
+
+class _Renewer:
+    """The thread that renews an engine's leases when they fall due."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = weakref.ref(engine)  # the registry's key: never keep it alive
+        self._leases: dict[int, Heartbeat] = {}
+        self._in_flight: set[int] = set()  # leases in the renewal being sent now
+        self._changed = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def add(self, heartbeat: Heartbeat) -> None:
+        with self._changed:
+            heartbeat.next_due = time.monotonic() + heartbeat.interval
+            self._leases[id(heartbeat)] = heartbeat
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="lease-heartbeat", daemon=True
                 )
-                self.lost.set()
+                self._thread.start()
+            self._changed.notify()
+
+    def remove(self, heartbeat: Heartbeat) -> None:
+        """Stop renewing ``heartbeat``. As a thread of its own did when it was joined, a
+        renewal under way finishes first, and one that is overdue (the renewal thread could
+        not run: a handler held the GIL) is made now, so a takeover it finds is reported."""
+        with self._changed:
+            self._leases.pop(id(heartbeat), None)
+            while id(heartbeat) in self._in_flight:
+                self._changed.wait()
+            now = time.monotonic()
+            overdue = heartbeat.next_due <= now and not heartbeat.lost.is_set()
+            if overdue and heartbeat.gives_up(now):
                 return
-            try:
-                with db.autocommit(self.engine) as conn:
-                    if not reservations.renew(conn, self.lease, self.lease_seconds):
-                        self.lost.set()
+        if overdue:
+            self._renew([heartbeat])
+
+    def _run(self) -> None:
+        idle_since: float | None = None
+        while True:
+            with self._changed:
+                now = time.monotonic()
+                if not self._leases:
+                    idle_since = now if idle_since is None else idle_since
+                    if now - idle_since >= IDLE_EXIT_SECONDS:
+                        self._thread = None
                         return
-            except Exception as exc:  # keep trying until the lease runs out
-                log.warning("lease renewal failed: %s", exc)
-                continue
-            self._valid_until = sent + self.lease_seconds
-            self.renewals += 1
+                    self._changed.wait(IDLE_EXIT_SECONDS)
+                    continue
+                idle_since = None
+                first_due = min(h.next_due for h in self._leases.values())
+                if first_due > now:
+                    self._changed.wait(first_due - now)
+                    continue
+                # Every lease due now, and those due within half their interval: renewing a
+                # little early only moves the expiry later, and it saves statements.
+                due = [h for h in self._leases.values() if h.next_due <= now + h.interval / 2]
+                for h in due:
+                    h.next_due = now + h.interval  # as a per-call thread waited after each try
+                    if h.gives_up(now):
+                        self._leases.pop(id(h), None)
+                due = [h for h in due if not h.lost.is_set()]
+                self._in_flight.update(id(h) for h in due)
+            if due:
+                self._renew(due)
+
+    def _renew(self, due: list[Heartbeat]) -> None:
+        sent = time.monotonic()
+        held: set[tuple[str, uuid.UUID, int]] | None = None
+        try:
+            engine = self._engine()
+            if engine is not None:
+                with db.raw_autocommit(engine) as conn:
+                    leases = [(h.lease, h.lease_seconds) for h in due]
+                    held = reservations.renew_many(conn, leases)
+        except Exception as exc:  # keep trying until each lease runs out
+            log.warning("lease renewal failed: %s", exc)
+        with self._changed:
+            self._in_flight.difference_update(id(h) for h in due)
+            self._changed.notify_all()
+            if held is None:
+                return
+            for h in due:
+                if (h.lease.operation_id, h.lease.owner_token, h.lease.generation) in held:
+                    h.renewed(sent)
+                else:  # taken over (or finished): this owner's lease is gone
+                    h.lost.set()
+                    self._leases.pop(id(h), None)
+
+
+_renewers: weakref.WeakKeyDictionary[Engine, _Renewer] = weakref.WeakKeyDictionary()
+_renewers_lock = threading.Lock()
+
+
+def _renewer(engine: Engine) -> _Renewer:
+    with _renewers_lock:
+        renewer = _renewers.get(engine)
+        if renewer is None:
+            renewer = _renewers[engine] = _Renewer(engine)
+        return renewer

@@ -15,7 +15,7 @@ from types import FrameType
 
 from sqlalchemy import text
 
-from callgate.store import db, transport
+from callgate.store import db, metrics, transport
 from callgate.store.settings import Settings
 from callgate.worker import redaction, runtime
 from callgate.worker.consumer import Consumer
@@ -32,6 +32,9 @@ def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> 
     with transport.translate_errors("worker start"):
         rt.redis.ping()
     runtime.install(rt)
+    # Every tool's series exist from the start (at zero), so their first increment counts.
+    metrics.declare_tools((t.name, t.kind) for t in rt.registry.tools.values())
+    metrics.WORKER_CONCURRENCY.set(settings.worker_concurrency)
     consumer = Consumer(
         rt,
         concurrency=settings.worker_concurrency,

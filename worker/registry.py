@@ -274,13 +274,32 @@ def _load_registry(spec: str | None) -> Registry:
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Registry:
-    """The registry named by ``CALLGATE_TOOLS``, with ``CALLGATE_ALLOWLIST`` applied."""
+    """The registry named by ``CALLGATE_TOOLS``, with ``CALLGATE_ALLOWLIST`` applied (and
+    the MCP servers' tools when ``CALLGATE_MCP_CONFIG`` is set)."""
     import os
 
     env = os.environ if env is None else env
+    if env.get("CALLGATE_MCP_CONFIG"):
+        return from_settings(Settings.from_env(dict(env)))
     return load(env.get("CALLGATE_TOOLS") or None, env.get("CALLGATE_ALLOWLIST") or None)
 
 
 def from_settings(settings: Settings) -> Registry:
-    """The registry these settings name (``CALLGATE_TOOLS``, ``CALLGATE_ALLOWLIST``)."""
-    return load(settings.tools, settings.allowlist)
+    """The registry these settings name (``CALLGATE_TOOLS``, ``CALLGATE_ALLOWLIST``), with
+    the tools of the MCP servers ``CALLGATE_MCP_CONFIG`` names (``callgate.worker.mcp``)."""
+    if not settings.mcp_config:
+        return load(settings.tools, settings.allowlist)
+    try:
+        from callgate.worker.mcp.hub import with_mcp_tools
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"CALLGATE_MCP_CONFIG is set but the MCP SDK is missing ({exc.name}): "
+            "pip install 'callgate[mcp]'"
+        ) from None
+
+    registry = with_mcp_tools(_load_registry(settings.tools), settings)
+    return (
+        registry.with_allowlist(load_allowlist(settings.allowlist))
+        if settings.allowlist
+        else registry
+    )

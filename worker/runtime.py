@@ -12,6 +12,14 @@ from callgate.store import db, transport
 from callgate.store.settings import Settings
 from callgate.worker import registry as tool_registry
 
+# Connections of a worker process: K + 2 up to K = 8 (a call's statements never wait), at
+# most POOL_CONNECTIONS + 2 above (the lease renewals and the consumer's own statements).
+POOL_CONNECTIONS = 8
+
+
+def pool_connections(concurrency: int) -> int:
+    return min(concurrency, POOL_CONNECTIONS) + 2
+
 
 @dataclass(frozen=True)
 class Runtime:
@@ -26,10 +34,16 @@ class Runtime:
         connection = transport.connect(settings.require_redis())
         return cls(
             settings=settings,
-            # Each call in flight runs its statements and its heartbeat on its own connection.
+            # A call holds a connection only while one of its statements runs (a few ms of
+            # a call that mostly waits on its tool), so K calls in flight share a few: a new
+            # connection costs Postgres ~9 ms of CPU (a backend, its caches, the statements
+            # prepared again), and K + 2 of them per process were most of Postgres' work
+            # for a burst of short calls. A statement waits for a free connection when
+            # POOL_CONNECTIONS + 2 are busy; nothing holds one while it waits for another.
             engine=db.create(
                 settings.require_database(),
-                pool_size=settings.worker_concurrency + 2,
+                pool_size=pool_connections(settings.worker_concurrency),
+                max_overflow=0,
                 application_name="callgate-worker",
             ),
             redis=connection,

@@ -3,8 +3,10 @@ by phase, inside this process.
 
 Postgres, through SQLAlchemy's engine events: every statement; ``BEGIN``/``COMMIT`` only on
 connections that send them (autocommit connections do not, although SQLAlchemy fires the
-events), where each statement is its own commit. Redis, by wrapping redis-py's connection:
-a round trip is one packed send (a pipeline is one), a command is one command inside it.
+events), where each statement is its own commit; and the statements a worker sends on the
+pooled driver connection (``store.db.raw_autocommit``), each its own commit. Redis, by
+wrapping redis-py's connection: a round trip is one packed send (a pipeline is one), a
+command is one command inside it.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from typing import Any
 
 from redis.connection import Connection as RedisConnection
 from sqlalchemy import Engine, event
+
+from callgate.store import db
 
 COUNTS: Counter[str] = Counter()
 _phase = ["idle"]
@@ -51,9 +55,15 @@ def count_postgres(engine: Engine, label: str = "pg") -> None:
             _add(f"{label}_round_trips")
             _add(f"{label}_commits")
 
+    def raw_statement() -> None:  # db.raw_autocommit: each statement is its own commit
+        _add(f"{label}_statements")
+        _add(f"{label}_round_trips")
+        _add(f"{label}_commits")
+
     event.listen(engine, "before_cursor_execute", statement)
     event.listen(engine, "begin", begin)
     event.listen(engine, "commit", commit)
+    db.on_raw_statement(engine, raw_statement)
 
 
 def _autocommit(conn: Any) -> bool:

@@ -46,6 +46,7 @@ def burst(
             refs = [uuid.UUID(c.ref) for c in turn.calls]
             for _ in range(deliveries - 1):
                 transport.enqueue_calls(producer.queue, refs, timeout=300)
+        services.tidy()  # outside the window: it opens at the first reservation
         relayer = procs.callgate(["relayer"], run_env)
         children = [procs.callgate(["worker", "--burst"], run_env) for _ in range(workers)]
         procs.wait_all(children, "callgate worker --burst")

@@ -26,6 +26,7 @@ def running(services: Services, *, workers: int, **env: str) -> Iterator[Running
     queue = queue_name("bench")
     run_env = services.env(queue, **env)
     producer = Producer.from_env(services.settings(run_env))
+    services.tidy()
     children = [procs.callgate(["relayer"], run_env)]
     try:
         worker_children = [procs.callgate(["worker"], run_env) for _ in range(workers)]

@@ -108,6 +108,45 @@ def test_a_heartbeat_that_finds_a_takeover_tells_the_handler(engine: Engine) -> 
             _context(heartbeat).ensure_lease()
 
 
+def test_one_renewal_thread_renews_many_leases_and_tells_only_the_stale_one(
+    engine: Engine,
+) -> None:
+    """The heartbeats of a process share one thread and one statement per batch; each lease
+    keeps its own guard: a lease taken over is lost, the others are renewed."""
+    calls = _record(engine, 6)
+    leases = []
+    for p in calls:
+        owner = uuid.uuid4()
+        reserved = _reserve(engine, p, owner, lease=0.6)
+        assert isinstance(reserved, reservations.Reserved)
+        leases.append(reservations.Lease(p.operation_id, owner, reserved.generation, "i"))
+    # The last one's lease is taken over behind its back (a stalled owner).
+    stale = leases[-1]
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "UPDATE callgate.operations SET generation = generation + 1,"
+                " owner_token = gen_random_uuid() WHERE operation_id = :o"
+            ),
+            {"o": stale.operation_id},
+        )
+    before = [t.name for t in threading.enumerate()].count("lease-heartbeat")
+    beats = [Heartbeat(engine, lease, 0.6) for lease in leases]
+    for beat in beats:
+        beat.__enter__()
+    try:
+        assert [t.name for t in threading.enumerate()].count("lease-heartbeat") <= before + 1
+        time.sleep(1.5)  # several leases long
+        for p in calls[:-1]:
+            other = _reserve(engine, p, uuid.uuid4(), lease=0.6)
+            assert isinstance(other, reservations.NotReserved) and other.reason == "busy"
+        assert all(b.renewals >= 3 and not b.expired() for b in beats[:-1])
+        assert beats[-1].lost.is_set() and beats[-1].renewals == 0
+    finally:
+        for beat in beats:
+            beat.__exit__(None, None, None)
+
+
 def test_a_handler_holding_the_gil_loses_its_lease_and_is_told(
     engine: Engine, database_url: str
 ) -> None:

@@ -16,7 +16,15 @@ from callgate.store.schema import SCHEMA, metadata
 
 pytestmark = pytest.mark.services
 
-EXPECTED_TABLES = {"turns", "operations", "approvals", "calls", "outbox", "trace_events"}
+EXPECTED_TABLES = {
+    "turns",
+    "operations",
+    "approvals",
+    "calls",
+    "outbox",
+    "trace_events",
+    "mcp_tools",
+}
 
 _COLUMNS = """
 SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull,
@@ -175,11 +183,11 @@ def test_upgrade_twice_is_a_no_op_at_head(migrated: Engine) -> None:
     assert catalog(migrated) == before
 
     head = ScriptDirectory.from_config(migrate.alembic_config(migrated)).get_current_head()
-    assert head == "0004"
+    assert head == "0006"
     with migrated.connect() as conn:
-        assert _current_revision(conn) == "0004"
+        assert _current_revision(conn) == "0006"
         rows = conn.execute(text(f"SELECT version_num FROM {SCHEMA}.alembic_version")).all()
-    assert [tuple(r) for r in rows] == [("0004",)]
+    assert [tuple(r) for r in rows] == [("0006",)]
 
 
 def test_upgrade_keeps_data(migrated: Engine) -> None:

@@ -1,0 +1,27 @@
+# One image for every callgate process of docker-compose.yml (migrate, worker, relayer,
+# sweeper); the command picks the process: `docker run callgate:local worker`.
+FROM python:3.12-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+# callgate/ holds symlinks to the top-level folders; COPY keeps them, and the wheel
+# build follows them.
+COPY pyproject.toml README.md ./
+COPY callgate ./callgate
+COPY producer ./producer
+COPY worker ./worker
+COPY store ./store
+COPY ops ./ops
+RUN pip install . \
+    && useradd --system --no-create-home callgate
+
+USER callgate
+WORKDIR /tmp
+# /metrics (CALLGATE_METRICS_PORT=9100 in docker-compose.yml).
+EXPOSE 9100
+ENTRYPOINT ["callgate"]
+CMD ["--help"]

@@ -1,0 +1,146 @@
+"""Streamable HTTP: callgate as a client of an HTTP MCP server (with the configured headers),
+and the gateway served with ``--http``, read by the SDK's own HTTP client."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from callgate.store.settings import Settings
+from callgate.worker import aio, registry
+from callgate.worker.registry import ExecutionContext
+from tests.acceptance.mcp_world import HERE
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _wait_for_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+@pytest.fixture
+def http_server(tmp_path: Path) -> Iterator[tuple[int, Path]]:
+    port = _free_port()
+    record = tmp_path / "received.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "mcp_recording_server.py"), "--http", str(port)],
+        env={"RECORD_FILE": str(record), "PATH": "/usr/bin:/bin"},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        _wait_for_port(port)
+        yield port, record
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_an_http_server_s_tools_are_discovered_and_called(
+    http_server: tuple[int, Path], tmp_path: Path
+) -> None:
+    port, record = http_server
+    config = tmp_path / "mcp.json"
+    config.write_text(
+        json.dumps(
+            {
+                "mcpServers": {
+                    "web": {
+                        "url": f"http://127.0.0.1:{port}/mcp",
+                        "headers": {"X-Team": "tests"},
+                        "roles": ["r"],
+                    }
+                }
+            }
+        )
+    )
+    settings = Settings.from_env(
+        {
+            "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
+            "CALLGATE_MCP_CONFIG": str(config),
+        }
+    )
+    tools = registry.from_settings(settings)
+    assert {"web__echo", "web__note", "web__wipe"} <= tools.allowed_for(["r"])
+    assert tools.require("web__echo").kind == "read"
+    ctx = ExecutionContext(
+        tenant_id="t",
+        user_id="u",
+        operation_id="op-http",
+        idempotency_key="k",
+        fencing_token=1,
+        request_id="r",
+    )
+    answer: dict[str, Any] = aio.call(
+        tools.require("web__echo").handler, {"text": "over http"}, ctx
+    )
+    assert answer["structuredContent"] == {"echo": "over http"}
+    (line,) = [json.loads(x) for x in record.read_text().splitlines()]
+    assert line["tool"] == "echo" and line["arguments"] == {"text": "over http"}
+
+
+def test_the_gateway_over_http_lists_the_principal_s_tools(
+    service_env: dict[str, str], tmp_path: Path
+) -> None:
+    port = _free_port()
+    context = tmp_path / "ctx.json"
+    context.write_text(
+        json.dumps(
+            {"request_id": "r", "tenant_id": "tenant-a", "user_id": "u", "roles": ["viewer"]}
+        )
+    )
+    gateway = subprocess.Popen(
+        [sys.executable, "-m", "callgate.ops.cli", "mcp-gateway", "--context", str(context)],
+        env={
+            **service_env,
+            "PATH": "/usr/bin:/bin",
+            "CALLGATE_ALLOWLIST": '{"viewer": ["get_weather", "read_email"]}',
+            "CALLGATE_MCP_GATEWAY_PORT": str(port),
+        },
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+    async def main() -> tuple[set[str], int]:
+        async with (
+            streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write),
+            ClientSession(read, write) as session,
+        ):
+            await session.initialize()
+            names = {t.name for t in (await session.list_tools()).tools}
+            try:
+                await session.call_tool("refund_payment", {})
+            except MCPError as exc:
+                return names, exc.code
+            return names, 0
+
+    try:
+        _wait_for_port(port)
+        names, code = anyio.run(main)
+    finally:
+        gateway.terminate()
+        _, stderr = gateway.communicate(timeout=10)
+    assert names == {"get_weather", "read_email"}
+    assert code == -32602
+    assert b"Traceback" not in stderr
