@@ -20,6 +20,7 @@ from mcp.shared.exceptions import MCPError
 
 from callgate.store.settings import Settings
 from callgate.worker import aio, registry
+from callgate.worker.mcp import hub
 from callgate.worker.registry import ExecutionContext
 from tests.acceptance.mcp_world import HERE
 
@@ -98,6 +99,7 @@ def test_an_http_server_s_tools_are_discovered_and_called(
     assert answer["structuredContent"] == {"echo": "over http"}
     (line,) = [json.loads(x) for x in record.read_text().splitlines()]
     assert line["tool"] == "echo" and line["arguments"] == {"text": "over http"}
+    hub.close_all()  # end the HTTP session while its server still listens
 
 
 def test_the_gateway_over_http_lists_the_principal_s_tools(

@@ -167,6 +167,15 @@ def shared(config: mcp_config.McpConfig, database_url: str | None) -> Hub:
         return hub
 
 
+def close_all() -> None:
+    """Stop every server this process started (also done at exit)."""
+    with _hubs_lock:
+        hubs = list(_hubs.values())
+        _hubs.clear()
+    for hub in hubs:
+        hub.close()
+
+
 def with_mcp_tools(registry: Registry, settings: Settings) -> Registry:
     """``registry`` with the tools of the servers ``CALLGATE_MCP_CONFIG`` names.
 
