@@ -19,7 +19,7 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -27,7 +27,7 @@ import redis.asyncio
 
 from callgate.producer import validation
 from callgate.producer.fanin import FanIn, Result
-from callgate.producer.producer import POSTGRES_RECHECK_SECONDS, Collected, Producer
+from callgate.producer.producer import POSTGRES_RECHECK_SECONDS, Collected, Producer, fanned_in
 from callgate.store import db, transport, turns
 from callgate.store.settings import Settings
 from callgate.store.types import CallContext, ProposedCall, Turn
@@ -43,6 +43,7 @@ class _Following:
     fan: FanIn
     stream: str
     last_id: str = "0-0"
+    loaded: float = field(default_factory=time.monotonic)  # when ``state`` was read
 
 
 class AsyncProducer:
@@ -94,6 +95,7 @@ class AsyncProducer:
         following = await self._open(turn_id)
         async for result in self._landing(following, timeout):
             yield result
+        fanned_in(following.state, following.fan, following.loaded)
 
     async def collect(self, turn_id: str, timeout: float) -> Collected:
         """``Producer.collect``, awaited: up to ``timeout`` seconds for one result per call."""
@@ -101,6 +103,7 @@ class AsyncProducer:
         following = await self._open(turn_id)
         async for _ in self._landing(following, timeout):
             pass
+        fanned_in(following.state, following.fan, following.loaded)
         awaiting: dict[str, str] = {}
         fan = following.fan
         if not fan.complete:

@@ -16,7 +16,7 @@ from callgate.producer import validation
 from callgate.producer.budgets import apply_budgets
 from callgate.producer.fanin import FanIn, Result
 from callgate.producer.planning import plan
-from callgate.store import db, transport, turns
+from callgate.store import db, metrics, transport, turns
 from callgate.store.errors import CorrelationError, ErrorCode, ServiceUnavailable
 from callgate.store.settings import Settings
 from callgate.store.types import TRUST_LABEL, CallContext, ProposedCall, Turn
@@ -63,6 +63,13 @@ class Collected:
             )
         calls = [ProposedCall(call_id=c, tool_name=t, arguments={}) for c, t in self.proposals]
         return adapters.write_results(surface, calls, self.results)
+
+
+def fanned_in(state: turns.TurnState, fan: FanIn, loaded: float) -> None:
+    """Observe the fan-in latency of a turn ``fan`` holds complete: its submit to now (its
+    age when read at ``loaded``, on Postgres' clock, plus the wait since)."""
+    if fan.complete and state.age_seconds is not None:
+        metrics.fanned_in(state.age_seconds + (time.monotonic() - loaded))
 
 
 def _labelled(result: Result) -> dict[str, Any]:
@@ -136,6 +143,7 @@ class Producer:
 
         with db.translate_errors("submit"):
             turn_id, planned = turns.record(self.engine, ctx, planned, decide)
+        metrics.calls_proposed_all((p.proposal.tool_name for p in planned), self.registry.tools)
         turn = turns.as_turn(turn_id, planned)
         try:
             transport.enqueue_calls(
@@ -162,6 +170,7 @@ class Producer:
         validation.check_timeout(timeout)
         with db.translate_errors("collect"):
             state = turns.load_state(self.engine, turn_id)
+        loaded = time.monotonic()
         fan = FanIn(state.proposals)
         fan.add_all(state.results)
         stream = transport.results_stream(self.settings.queue, state.turn_id)
@@ -183,6 +192,7 @@ class Producer:
                 with db.translate_errors("collect"):
                     fan.add_all(turns.load_state(self.engine, turn_id).results)
                 next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
+        fanned_in(state, fan, loaded)
         awaiting: dict[str, str] = {}
         if not fan.complete:
             with db.translate_errors("collect"):

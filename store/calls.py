@@ -15,7 +15,10 @@ SELECT c.id, c.turn_id, c.call_id, c.tool_name, c.arguments, c.kind, c.state,
        c.operation_id, c.after_call,
        prev.state AS after_state,
        t.request_id, t.tenant_id, t.user_id, t.roles,
-       op.state AS op_state, op.intent_hash AS op_intent, op.canonical AS op_canonical
+       op.state AS op_state, op.intent_hash AS op_intent, op.canonical AS op_canonical,
+       -- on Postgres' clock at both ends (no skew between hosts): the queue-wait histogram
+       CAST(EXTRACT(EPOCH FROM clock_timestamp() - c.dispatched_at) AS float8)
+         AS queue_wait_seconds
   FROM callgate.calls AS c
   JOIN callgate.turns AS t USING (turn_id)
   JOIN callgate.operations AS op ON op.operation_id = c.operation_id
@@ -46,6 +49,8 @@ class CallRecord:
     op_state: str
     op_intent: str | None
     op_canonical: dict[str, Any] | None
+    # Seconds since the call's last dispatch when it was loaded (None: never dispatched).
+    queue_wait_seconds: float | None = None
 
 
 def load(engine: Engine, ref: uuid.UUID) -> CallRecord | None:

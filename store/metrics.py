@@ -22,7 +22,7 @@ Each event has a one-line helper below, so a call site reads ``metrics.side_effe
 from __future__ import annotations
 
 import errno
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from prometheus_client import (
@@ -72,6 +72,8 @@ GATE_LAYERS: Final = (
     "approval",
     "idempotency",
 )
+# The layer of a refusal no gate layer decided (a bug on the gate's own path).
+INTERNAL_LAYER: Final = "internal"
 TERMINAL_STATUSES: Final = ("succeeded", "failed_retryable", "failed_terminal")
 APPROVAL_OUTCOMES: Final = ("requested", "granted", "denied", "superseded")
 REDISPATCH_REASONS: Final = ("lease_expired", "stale", "approval_decided")
@@ -100,8 +102,8 @@ SIDE_EFFECTS = Counter(
 )
 WRITE_OPERATIONS = Counter(
     "callgate_write_operations",
-    "Unique write operations that reached a terminal outcome (counted once, by the guarded "
-    "statement that ended the operation).",
+    "Unique write operations that ended succeeded or reconciliation_pending (the write "
+    "applied, or may have), counted once by the guarded statement that ended the operation.",
     ["tool"],
 )
 RESULTS_REUSED = Counter(
@@ -112,7 +114,7 @@ RESULTS_REUSED = Counter(
 )
 IDEMPOTENCY_CONFLICTS = Counter(
     "callgate_idempotency_conflicts",
-    "Calls refused because their operation id was registered with a different intent.",
+    "Calls ended because their operation id was registered with a different intent.",
     ["tool"],
 )
 STALE_FENCE_REJECTIONS = Counter(
@@ -147,7 +149,8 @@ APPROVALS = Counter(
 )
 RESULTS = Counter(
     "callgate_results",
-    "Terminal results committed, by status and error code ('none' for a success).",
+    "Terminal results a worker committed after running the handler or refusing the call, by "
+    "status and error code ('none' for a success).",
     ["tool", "status", "code"],
 )
 DUPLICATE_DELIVERIES = Counter(
@@ -181,7 +184,7 @@ OUTBOX_REPUBLISHED = Counter(
 
 GATE_SECONDS = Histogram(
     "callgate_gate_seconds",
-    "Time from taking a call to the gate's verdict (layers 1-8).",
+    "Time from a worker loading a call to the gate's verdict: the reservation, or the refusal.",
     ["tool"],
     buckets=LATENCY_BUCKETS,
 )
@@ -261,6 +264,13 @@ def calls_proposed(tool: str, count: int = 1) -> None:
     CALLS_PROPOSED.labels(tool).inc(count)
 
 
+def calls_proposed_all(names: Iterable[str], registered: Iterable[str]) -> None:
+    """One count per proposed call, labelled by ``tool_label``."""
+    known = set(registered)
+    for name in names:
+        CALLS_PROPOSED.labels(tool_label(name, known)).inc()
+
+
 def calls_taken(count: int = 1) -> None:
     CALLS_TAKEN.inc(count)
 
@@ -311,8 +321,9 @@ def approval(tool: str, outcome: str, count: int = 1) -> None:
         APPROVALS.labels(tool, outcome).inc(count)
 
 
-def result(tool: str, status: str, code: str | None = None) -> None:
-    RESULTS.labels(tool, status, code or "none").inc()
+def result(tool: str, status: str, code: str | None = None, count: int = 1) -> None:
+    if count:
+        RESULTS.labels(tool, status, code or "none").inc(count)
 
 
 def duplicate_delivery(tool: str) -> None:
@@ -336,6 +347,74 @@ def outbox_published(count: int = 1) -> None:
 
 def outbox_republished(count: int = 1) -> None:
     OUTBOX_REPUBLISHED.inc(count)
+
+
+def gate_verdict(tool: str, seconds: float) -> None:
+    GATE_SECONDS.labels(tool).observe(seconds)
+
+
+def queue_waited(seconds: float | None) -> None:
+    """``seconds`` from the call's last dispatch (``None``: never dispatched, nothing)."""
+    if seconds is not None:
+        QUEUE_WAIT_SECONDS.observe(max(0.0, seconds))
+
+
+def executed(tool: str, seconds: float) -> None:
+    EXECUTION_SECONDS.labels(tool).observe(seconds)
+
+
+def relayed(ages: Iterable[float]) -> None:
+    for age in ages:
+        RELAY_SECONDS.observe(max(0.0, age))
+
+
+def fanned_in(seconds: float) -> None:
+    FANIN_SECONDS.observe(max(0.0, seconds))
+
+
+# --- pure decisions behind the counts ---------------------------------------------------------
+
+
+def refusal_layer(verdicts: Mapping[str, str], code: str) -> str:
+    """The gate layer that refused with ``code``: the last layer whose verdict is that code
+    (the executor records each layer's verdict in order), else ``INTERNAL_LAYER``."""
+    for layer in reversed(list(verdicts)):
+        if verdicts[layer] == code and layer in GATE_LAYERS:
+            return layer
+    return INTERNAL_LAYER
+
+
+def counts_as_write_operation(kind: str, status: str, code: str | None) -> bool:
+    """Does an operation ending with (status, code) count in ``callgate_write_operations``?
+    A write that succeeded, or that ended ``reconciliation_pending`` (it may have applied):
+    the operations that carry one downstream side effect. A write the downstream refused
+    carries none, and counting it would hide a duplicate elsewhere in the ratio."""
+    return kind == "write" and (status == "succeeded" or code == "reconciliation_pending")
+
+
+def side_effects_on_return(kind: str, reports: Sequence[bool]) -> int:
+    """Side effects to count when a handler returned normally: one for a write whose handler
+    reported nothing (every successful run of an unreporting write counts, so a downstream
+    that does not deduplicate shows up), none when it reported (each ``applied=True``
+    report was counted when it was made) or for a read."""
+    return 1 if kind == "write" and not reports else 0
+
+
+def effect_reporter(tool: str, kind: str) -> Callable[[bool], None]:
+    """What ``ExecutionContext.report_effect`` calls: count a newly applied write at once,
+    so a crash right after the downstream's answer loses no count."""
+
+    def report(applied: bool) -> None:
+        if applied and kind == "write":
+            SIDE_EFFECTS.labels(tool).inc()
+
+    return report
+
+
+def side_effects_returned(tool: str, kind: str, reports: Sequence[bool]) -> None:
+    count = side_effects_on_return(kind, reports)
+    if count:
+        SIDE_EFFECTS.labels(tool).inc(count)
 
 
 def serve(port: int, host: str = "0.0.0.0", registry: CollectorRegistry = REGISTRY) -> None:

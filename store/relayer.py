@@ -12,21 +12,25 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Sequence
+from typing import Any
 
 import psycopg
 import redis
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, Row, text
 
-from callgate.store import db, transport
+from callgate.store import db, logs, metrics, transport
 
 log = logging.getLogger("callgate.relayer")
 
 CHANNEL = "callgate_outbox"
 
 # The payload as Postgres' own JSON text: published as it is, never parsed and dumped again
-# (the same JSON value; fan-in parses it).
+# (the same JSON value; fan-in parses it). The row's age, on Postgres' clock, feeds the
+# relay-latency histogram.
 CLAIM_SQL = """
-SELECT id, turn_id, CAST(payload AS text) AS payload
+SELECT id, turn_id, call_ref, CAST(payload AS text) AS payload,
+       CAST(EXTRACT(EPOCH FROM clock_timestamp() - created_at) AS float8) AS age_seconds
   FROM callgate.outbox
  WHERE published_at IS NULL
  ORDER BY id
@@ -55,17 +59,33 @@ def drain_once(
         for row in rows:
             stream = transport.results_stream(queue, row.turn_id)
             pipe.xadd(stream, {"outbox_id": row.id, "result": row.payload})
+            # After the entry: 0 when an earlier publish of this row got this far.
+            pipe.hsetnx(transport.published_marks(stream), str(row.id), 1)
             streams[stream] = None
         for stream in streams:  # once per stream of the batch, after its last entry
             pipe.expire(stream, transport.RESULT_STREAM_TTL_SECONDS)
+            pipe.expire(transport.published_marks(stream), transport.RESULT_STREAM_TTL_SECONDS)
         with transport.translate_errors("relayer publish"):
-            pipe.execute()
+            replies = pipe.execute()
+        first = [bool(r) for r in replies[1 : 2 * len(rows) : 2]]
+        metrics.outbox_published(len(rows))
+        metrics.outbox_republished(first.count(False))
+        metrics.relayed(row.age_seconds for row in rows)
+        _published(rows, first)
         if mark_delay:
             # Chaos knob (CALLGATE_RELAYER_MARK_DELAY_MS): widens the publish-to-mark window
             # so a test can kill the relayer inside it.
             time.sleep(mark_delay)
         conn.execute(text(MARK_SQL), {"ids": [row.id for row in rows]})
     return len(rows)
+
+
+def _published(rows: Sequence[Row[Any]], first: Sequence[bool]) -> None:
+    """One log record per published row (at INFO: off at the default level)."""
+    if log.isEnabledFor(logging.INFO):
+        for row, new in zip(rows, first, strict=True):
+            event = "published" if new else "republished"
+            logs.event(log, event, turn_id=row.turn_id, call_ref=row.call_ref)
 
 
 def drain(

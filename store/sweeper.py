@@ -34,7 +34,7 @@ from typing import Any
 from rq import Queue
 from sqlalchemy import Connection, Engine, text
 
-from callgate.store import db, metrics, reservations, transport
+from callgate.store import db, logs, metrics, reservations, transport
 from callgate.store.errors import ErrorCode
 
 log = logging.getLogger("callgate.sweeper")
@@ -127,6 +127,7 @@ def sweep_once(
             transport.enqueue_calls(queue, again, timeout=job_timeout)
     for d in redo:  # counted once the marks committed with the enqueue
         metrics.redispatched(_reason(d))
+        logs.event(log, "redispatched", call_ref=d.ref, operation_id=d.operation_id, state=d.state)
     ended: list[uuid.UUID] = []
     for d in spent:
         with db.autocommit(engine) as conn:
@@ -185,6 +186,7 @@ def _end(
             conn, call_ref=due.ref, error=exhausted, event="delivery_exhausted", detail=detail
         )
     metrics.exhausted(error["code"], finished.finished)
+    logs.event(log, error["code"], logging.WARNING, call_ref=due.ref, operation_id=due.operation_id)
     if finished.successors:
         try:
             transport.enqueue_calls(queue, finished.successors, timeout=job_timeout)

@@ -42,6 +42,13 @@ def results_stream(queue: str, turn_id: uuid.UUID | str) -> str:
     return f"callgate:{queue}:results:{turn_id}"
 
 
+def published_marks(stream: str) -> str:
+    """A hash of the outbox ids already published on ``stream`` (same lifetime): the relayer
+    sets each with HSETNX in its publish pipeline, so a row published again (its relayer
+    died between publish and mark) is seen, and counted, as a re-publish."""
+    return f"{stream}:published"
+
+
 def job_queue(connection: redis.Redis, name: str) -> Queue:
     return Queue(name, connection=connection, serializer=JSONSerializer)
 

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import Connection, Engine, insert, select, text
+from sqlalchemy import Connection, Engine, Float, cast, extract, func, insert, select, text
 
 from callgate.store import db
 from callgate.store.errors import InputError, UnknownTurn
@@ -231,6 +231,9 @@ class TurnState:
     turn_id: uuid.UUID
     proposals: list[tuple[str, str]]  # (call_id, tool_name) in proposal order
     results: list[dict[str, Any]]  # terminal results already committed
+    # Seconds since the turn was submitted, on Postgres' clock, when it was read (fan-in
+    # latency; None for a turn without calls).
+    age_seconds: float | None = None
 
 
 def load_state(engine: Engine, turn_id: str) -> TurnState:
@@ -241,7 +244,14 @@ def load_state(engine: Engine, turn_id: str) -> TurnState:
         raise UnknownTurn(f"{turn_id!r} is not a turn id (expected a UUID)") from None
     with db.autocommit(engine) as conn:
         rows = conn.execute(
-            select(calls.c.call_id, calls.c.tool_name, calls.c.result)
+            select(
+                calls.c.call_id,
+                calls.c.tool_name,
+                calls.c.result,
+                cast(extract("epoch", func.clock_timestamp() - calls.c.created_at), Float).label(
+                    "age_seconds"
+                ),
+            )
             .where(calls.c.turn_id == tid)
             .order_by(calls.c.position)
         ).all()
@@ -253,6 +263,7 @@ def load_state(engine: Engine, turn_id: str) -> TurnState:
         turn_id=tid,
         proposals=[(r.call_id, r.tool_name) for r in rows],
         results=[r.result for r in rows if r.result is not None],
+        age_seconds=float(rows[0].age_seconds) if rows else None,
     )
 
 

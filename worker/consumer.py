@@ -31,6 +31,7 @@ from rq import SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
+from callgate.store import metrics
 from callgate.worker import executor
 from callgate.worker.runtime import Runtime
 
@@ -91,9 +92,11 @@ class Consumer:
                     if self.burst and self.in_flight == 0:
                         break
                     continue
+                metrics.calls_taken(len(refs))
                 for ref in refs:
                     with self._slots:
                         self.in_flight += 1
+                    metrics.WORKER_IN_FLIGHT.inc()
                     pool.submit(self._run_one, ref)
                 if time.monotonic() >= next_heartbeat:
                     with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
@@ -139,6 +142,7 @@ class Consumer:
         except Exception:  # the call stays open in Postgres; the sweeper dispatches it again
             log.exception("delivery of call %s failed", ref)
         finally:
+            metrics.WORKER_IN_FLIGHT.dec()
             with self._slots:
                 self.in_flight -= 1
                 self.done += 1

@@ -28,7 +28,7 @@ from tenacity import (
     wait_exponential,
 )
 
-from callgate.store import approvals, calls, db, reservations, transport
+from callgate.store import approvals, calls, db, metrics, reservations, transport
 from callgate.store.errors import (
     CallgateError,
     ErrorCode,
@@ -39,7 +39,7 @@ from callgate.store.errors import (
 )
 from callgate.store.turns import RAW_ARGUMENTS
 from callgate.store.types import TERMINAL_STATES
-from callgate.worker import aio, gate, redaction, results
+from callgate.worker import aio, events, gate, redaction, results
 from callgate.worker.heartbeat import Heartbeat
 from callgate.worker.intent import idempotency_key, intent_hash
 from callgate.worker.registry import Arguments, ExecutionContext, Facts, Principal, Tool
@@ -57,6 +57,8 @@ class _Delivery:
     def __init__(self, rt: Runtime, call: calls.CallRecord) -> None:
         self.rt = rt
         self.call = call
+        self.loaded = time.monotonic()  # the gate-latency histogram starts here
+        self.tool = metrics.tool_label(call.tool_name, rt.registry.tools)  # a bounded label
         self.verdicts: dict[str, str] = {}
         # The trace's fields. Never the owner token, the arguments or the raw result.
         self.audit: dict[str, Any] = {
@@ -85,8 +87,9 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
         log.warning("job for unknown call %s dropped", ref)
         return "unknown_call"
     d = _Delivery(rt, call)
+    metrics.queue_waited(call.queue_wait_seconds)
     try:
-        return _deliver(d)
+        return events.delivered(call, d.tool, _deliver(d))
     except (ServiceUnavailable, UnstorableValue):
         raise
     except Exception as exc:
@@ -270,6 +273,7 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
         return _lost(d, reserved, intent)
 
     lease = reservations.Lease(call.operation_id, owner, reserved.generation, intent)
+    events.reserved(call, d.tool, reserved.generation, reserved.takeover, d.loaded)
     started = time.monotonic()
     detail = dict(d.audit)
     with Heartbeat(
@@ -288,6 +292,7 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
             request_id=call.request_id,
             canonical=facts.canonical,
             lease_lost=heartbeat.expired,
+            on_effect=metrics.effect_reporter(tool.name, tool.kind),
         )
         outcome: _Outcome | None = None
         if reserved.takeover and not _safe_to_repeat(tool):
@@ -300,8 +305,10 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
                 outcome = _handle(d, tool, args, ctx, heartbeat, detail)
             except StaleFence as err:
                 d.trace("stale_fence_rejected", generation=reserved.generation, message=err.message)
+                events.rejected_stale(call, d.tool, "stale_fence", reserved.generation)
                 return "stale_fence"
     detail["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    metrics.executed(tool.name, time.monotonic() - started)
     d.audit = detail
     status = _complete(d, lease, outcome)
     if status in TERMINAL_STATES:
@@ -343,6 +350,7 @@ def _handle(
             return failed
         # The write's outcome is unknown, which is not a failure: it may have applied.
         return _settle(d, tool, args, ctx, detail, "the write's outcome is unknown") or failed
+    metrics.side_effects_returned(tool.name, tool.kind, ctx.effects)
     return _succeeded(tool, raw, detail)
 
 
@@ -424,9 +432,11 @@ def _complete(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> str
         outcome = fallback
     if not finished.won:
         d.trace("stale_completion_rejected", generation=lease.generation, status=outcome.status)
+        events.rejected_stale(d.call, d.tool, "stale_completion", lease.generation)
         return "stale_completion"
     _finish(d.rt, finished)
     code = outcome.payload.get("code")
+    events.completed(d.call, d.tool, outcome.status, code, finished.finished, lease.generation)
     return "reconciliation_pending" if code == ErrorCode.RECONCILIATION_PENDING else outcome.status
 
 
@@ -451,6 +461,7 @@ def _refuse(d: _Delivery, intent: str, err: ToolError, canonical: Mapping[str, A
     if isinstance(outcome, reservations.NotReserved):
         return _lost(d, outcome, intent)
     _finish(d.rt, outcome)
+    events.refused(d.call, d.tool, **_refusal_facts(d, err), count=outcome.finished)
     return "refused"
 
 
@@ -506,6 +517,7 @@ def _conclude_conflict(d: _Delivery, lost: reservations.NotReserved) -> str:
         d.trace("duplicate_delivery", reason="conclude_lost", generation=lost.generation)
         return "duplicate_delivery"
     _finish(d.rt, finished)
+    events.concluded(d.call, d.tool, error, finished.finished, lost.op_state == "in_progress")
     return "concluded"
 
 
@@ -517,6 +529,7 @@ def _reject(d: _Delivery, err: ToolError) -> str:
         d.trace("duplicate_delivery", reason="call_not_proposed", refused=err.code.value)
         return "duplicate_delivery"
     _finish(d.rt, finished)
+    events.refused(d.call, d.tool, **_refusal_facts(d, err), count=finished.finished)
     return "rejected"
 
 
@@ -525,6 +538,7 @@ def _reuse(d: _Delivery, intent: str) -> str:
         d.rt.engine, call_ref=d.call.ref, intent_hash=intent, detail=d.audit
     )
     _finish(d.rt, finished)
+    events.reused(d.call, d.tool, finished.finished)
     return "reused" if finished.finished else "duplicate_delivery"
 
 
@@ -534,6 +548,8 @@ def _run_handler(
     """Retry retryable failures with the same key and fence, while the lease holds, and
     only where a repeat cannot apply the write twice."""
     retrying = Retrying(
+        before=lambda _: metrics.handler_invoked(tool.name, tool.kind),  # every attempt
+        before_sleep=lambda _: metrics.retry(tool.name),
         stop=stop_after_attempt(HANDLER_ATTEMPTS),
         wait=wait_exponential(multiplier=0.1, max=2),
         retry=retry_if_exception(
@@ -580,3 +596,12 @@ def _error(err: CallgateError) -> dict[str, Any]:
 
 def _refusal(err: CallgateError, d: _Delivery) -> dict[str, Any]:
     return {"status": _status(err), "error": _error(err), "detail": d.audit}
+
+
+def _refusal_facts(d: _Delivery, err: CallgateError) -> dict[str, Any]:
+    return {
+        "verdicts": d.verdicts,
+        "status": _status(err),
+        "code": err.code.value,
+        "since": d.loaded,
+    }

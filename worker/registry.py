@@ -59,6 +59,21 @@ class ExecutionContext:
     canonical: Mapping[str, Any] = field(default_factory=dict)
     # True once this worker can no longer count on its lease (see ``ensure_lease``).
     lease_lost: Callable[[], bool] = field(default=lambda: False)
+    # The worker's side-effect count (callgate_side_effects_total), fed by ``report_effect``.
+    on_effect: Callable[[bool], None] = field(default=lambda applied: None, repr=False)
+    # What the handler reported, in order: the worker reads it once the handler returns.
+    effects: list[bool] = field(default_factory=list, repr=False, compare=False, hash=False)
+
+    def report_effect(self, applied: bool) -> None:
+        """Say what the downstream answered to this write: ``applied=True`` when it applied
+        the request now, ``False`` when it replayed an earlier answer for this idempotency
+        key (or changed nothing). Call it as soon as the answer arrives.
+
+        The worker counts ``callgate_side_effects_total`` from it. A write whose handler
+        returns without reporting counts one side effect per successful run, so a
+        downstream that deduplicates should report its replays."""
+        self.effects.append(applied)
+        self.on_effect(applied)
 
     def ensure_lease(self) -> None:
         """Raise ``StaleFence`` if another worker may have taken this operation over.

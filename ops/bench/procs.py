@@ -77,7 +77,8 @@ def _spawn(argv: list[str], env: Mapping[str, str]) -> Child:
     with log.open("wb") as err:
         proc = subprocess.Popen(
             argv,
-            env={**os.environ, **env},
+            # No /metrics unless a scenario asks: many children must never share one port.
+            env={**os.environ, "CALLGATE_METRICS_PORT": "0", **env},
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,

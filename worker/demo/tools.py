@@ -355,6 +355,7 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
             amount=args.amount,
             currency=args.currency,
         )
+        ctx.report_effect(applied=not response["replayed"])  # a replay is no new effect
         svc.pause("refund_payment", 1)
         return response
 
@@ -367,6 +368,7 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
             to=args.to,
             template=args.template,
         )
+        ctx.report_effect(applied=not response["replayed"])  # a replay is no new effect
         svc.pause("send_email", 1)
         return response
 
@@ -430,6 +432,7 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
             account=ctx.canonical["account"],
             email_ids=list(ctx.canonical["email_ids"]),
         )
+        ctx.report_effect(applied=not response["replayed"])  # a replay is no new effect
         svc.pause("delete_emails", 1)
         return response
 
