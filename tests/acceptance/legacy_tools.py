@@ -10,6 +10,10 @@
   has seen for the key. Fencing alone cannot tell that an older generation already applied.
 - ``charge_lookup``: like ``charge_legacy``, but its gateway can be asked by key whether a
   charge went through: a status lookup that settles a crash gap.
+- ``charge_stripped``: a false declaration, for the duplicate-side-effect alert: it declares a
+  downstream that honours idempotency keys and fencing tokens, and its gateway ignores both
+  (it charges every request it receives, and the handler reports each as newly applied). A
+  takeover after a crash gap therefore charges twice. Only this tests' module registers it.
 - ``echo_text``: a read whose downstream answers with a NUL character (Postgres text cannot
   hold it).
 - ``echo_later``: a read whose handler is ``async def`` and awaits a sleep.
@@ -127,6 +131,13 @@ def registry() -> Registry:
         svc.pause("charge_lookup", 1)
         return {"charged": args.amount}
 
+    def charge_stripped(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
+        svc.pause("charge_stripped", 0)
+        record("stripped", ctx, fenced=False)  # key and token sent, and ignored
+        ctx.report_effect(applied=True)  # the gateway says: charged now
+        svc.pause("charge_stripped", 1)
+        return {"charged": args.amount}
+
     def find_charge(args: Any, ctx: ExecutionContext) -> dict[str, Any] | None:
         with svc.engine.connect() as conn:
             found = conn.execute(
@@ -177,6 +188,16 @@ def registry() -> Registry:
             effect=IRREVERSIBLE,
             downstream=Downstream(status_lookup=True),
             lookup=find_charge,
+        ),
+        Tool(
+            "charge_stripped",
+            "Charge the card on file through a gateway that claims to deduplicate.",
+            ChargeArgs,
+            "write",
+            charge_stripped,
+            effect=IRREVERSIBLE,
+            # False: the gateway honours neither (see the module's docstring).
+            downstream=Downstream(idempotency_keys=True, fencing=True),
         ),
         Tool(
             "echo_text",

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = sorted((REPO / "ops" / "prometheus" / "rules").glob("*.yml"))
@@ -74,6 +75,9 @@ class Prometheus:
     """One prometheus process with its own port, storage and configuration."""
 
     targets: dict[str, list[int]]  # job name -> ports on 127.0.0.1
+    # alert name -> its "for:" in this test's copy of the rules (the shipped files stay as
+    # they are; a test cannot wait minutes for an alert to fire)
+    alert_for: dict[str, str] = field(default_factory=dict)
     port: int = 0
     workdir: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="callgate-prom-")))
     proc: subprocess.Popen[bytes] | None = None
@@ -89,7 +93,7 @@ class Prometheus:
             f"  scrape_timeout: {SCRAPE_SECONDS}s",
             f"  evaluation_interval: {SCRAPE_SECONDS}s",
             "rule_files:",
-            *[f"  - {json.dumps(str(r))}" for r in RULES],
+            *[f"  - {json.dumps(str(r))}" for r in self.rule_files()],
             "scrape_configs:",
         ]
         for job, ports in self.targets.items():
@@ -99,6 +103,29 @@ class Prometheus:
                 "      - targets: [" + ", ".join(f'"127.0.0.1:{p}"' for p in ports) + "]",
             ]
         return "\n".join(lines) + "\n"
+
+    def rule_files(self) -> list[Path]:
+        """The repository's rule files, or copies with ``alert_for`` applied."""
+        if not self.alert_for:
+            return RULES
+        copies = []
+        for path in RULES:
+            doc = yaml.safe_load(path.read_text())
+            for group in doc["groups"]:
+                for rule in group["rules"]:
+                    if rule.get("alert") in self.alert_for:
+                        rule["for"] = self.alert_for[rule["alert"]]
+            copy = self.workdir / path.name
+            copy.write_text(yaml.safe_dump(doc, sort_keys=False))
+            copies.append(copy)
+        found = {
+            r.get("alert")
+            for c in copies
+            for g in yaml.safe_load(c.read_text())["groups"]
+            for r in g["rules"]
+        }
+        assert set(self.alert_for) <= found, f"no such alerts: {set(self.alert_for) - found}"
+        return copies
 
     def start(self) -> None:
         self.port = self.port or free_port_block(1)
