@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import Engine
 
 from callgate.ops.stack import Stack, wait_for_workers
@@ -192,6 +193,11 @@ def kill_in_crash_gap(stack: Stack, prom: Prometheus, tool: str) -> None:
     stack.signal("worker-1", signal.SIGKILL)
 
 
+def sample(name: str, **labels: str) -> float:
+    """A sample of this (the producer's) process's own registry."""
+    return REGISTRY.get_sample_value(name, labels) or 0.0
+
+
 def downstream_rows(engine: Engine, table: str, key: str) -> int:
     return int(
         scalar(engine, f"SELECT count(*) FROM downstream.{table} WHERE idempotency_key = :k", k=key)
@@ -223,7 +229,25 @@ def test_side_effects_equal_write_operations_through_a_crash_and_duplicates(
         what="the parked call",
     )
 
+    # A call the gate refuses at its schema layer: no handler runs.
+    refused = producer.submit(
+        [
+            {
+                "call_id": "bad",
+                "tool_name": "get_weather",
+                "arguments": {"city": "Oslo", "unit": "kelvin"},
+            }
+        ],
+        SUPPORT_A,
+    )
+    assert producer.collect(refused.turn_id, timeout=30).results[0].status == "failed_terminal"
+    prom.wait_for(
+        'sum(callgate_gate_refusals_total{layer="schema"})', lambda v: v == 1, what="refusal"
+    )
+
     # The refund, and a duplicate job of it: one delivery runs, the other changes nothing.
+    proposed = sample("callgate_calls_proposed_total", tool="refund_payment")
+    fanned_in = sample("callgate_fanin_seconds_count")
     turn = producer.submit(
         [{"call_id": "refund", "tool_name": "refund_payment", "arguments": REFUND_O17}],
         SUPPORT_A,
@@ -249,6 +273,9 @@ def test_side_effects_equal_write_operations_through_a_crash_and_duplicates(
     collected = producer.collect(turn.turn_id, timeout=60)
     assert collected.complete, collected.pending
     assert collected.results[0].status == "succeeded"
+    # The producer's own counts (this process): one call proposed, one turn fanned in.
+    assert sample("callgate_calls_proposed_total", tool="refund_payment") == proposed + 1
+    assert sample("callgate_fanin_seconds_count") == fanned_in + 1
     # Two more deliveries of the finished call.
     transport.enqueue_calls(producer.queue, [call.ref, call.ref], timeout=60)
 
@@ -299,6 +326,18 @@ def test_side_effects_equal_write_operations_through_a_crash_and_duplicates(
     assert values["tool:callgate_side_effects_per_handler_invocation:ratio_rate5m"] is not None
     assert values["tool:callgate_side_effects_per_handler_invocation:ratio_rate5m"] < 1
 
+    # The hot path's other counts and latencies, from the workers and the relayer.
+    for expr in (
+        "sum(callgate_calls_taken_total)",
+        "sum(callgate_queue_wait_seconds_count)",
+        'sum(callgate_gate_seconds_count{tool="refund_payment"})',
+        'sum(callgate_execution_seconds_count{tool="refund_payment"})',
+        'sum(callgate_results_total{tool="refund_payment",status="succeeded"})',
+        "sum(callgate_relay_seconds_count)",
+        "sum(callgate_outbox_published_total)",
+    ):
+        prom.wait_for(expr, lambda v: v >= 1, what=expr)
+
     # The state gauges settle: nothing started, nothing unpublished, nothing queued.
     prom.wait_for(
         'state_age:callgate_calls_open:max{state="started",age="under_1m"}',
@@ -309,7 +348,6 @@ def test_side_effects_equal_write_operations_through_a_crash_and_duplicates(
     assert prom.value("callgate:calls_past_recovery_window:max") == 0
     prom.wait_for("callgate:queue_depth:max", lambda v: v == 0)
     assert prom.value("max(callgate_recovery_window_seconds)") == pytest.approx(10 * 1.2 + 300)
-    assert (prom.value("sum(callgate_outbox_published_total)") or 0) >= 1
 
     # The duplicate-side-effect alert is silent (not pending, not firing) and never fired.
     # It was pending during the crash gap (the refund applied, its completion not yet
