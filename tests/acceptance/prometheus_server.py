@@ -9,6 +9,7 @@ scrapes real callgate processes every second, evaluates the repository's own rul
 from __future__ import annotations
 
 import json
+import random
 import shutil
 import signal
 import socket
@@ -32,16 +33,23 @@ SCRAPE_SECONDS = 1
 
 
 def free_port_block(size: int) -> int:
-    """The first of ``size`` consecutive ports that are free now."""
-    for _ in range(200):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            base = int(s.getsockname()[1])
-        if base + size >= 65535:
-            continue
+    """The first of ``size`` consecutive ports that are free now, below the kernel's
+    ephemeral range: a process binds its port seconds after this check, and meanwhile any
+    outgoing connection on the machine (a database client, another test) could be given a
+    port from the ephemeral range, and the bind would fail."""
+    top = _ephemeral_low() - size - 1
+    for _ in range(500):
+        base = random.randint(10000, top)
         if all(_free(base + i) for i in range(size)):
             return base
     raise AssertionError(f"no block of {size} free ports")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _free(port: int) -> bool:

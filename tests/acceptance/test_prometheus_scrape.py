@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -80,7 +81,7 @@ def prometheus() -> Iterator[Callable[..., Prometheus]]:
 
 @pytest.fixture
 def observe(
-    service_env: dict[str, str], prometheus: Callable[..., Prometheus]
+    service_env: dict[str, str], prometheus: Callable[..., Prometheus], tmp_path: Path
 ) -> Iterator[Callable[..., tuple[Stack, Prometheus]]]:
     """Start relayer, sweeper and one worker serving /metrics, whose ``slow_tool`` pauses
     CRASH_GAP_MS after its downstream call, and a Prometheus scraping them (and the ports
@@ -94,6 +95,8 @@ def observe(
             env={**service_env, **FAST, **(env or {})},
             workers=1,
             metrics_port=free_port_block(2 + WORKERS),
+            # The children's logs, for the message of a failed wait.
+            log_path=str(tmp_path / f"stack-{len(stacks)}.log"),
         )
         ports = {f"worker-{i}": stack.port_of(f"worker-{i}") for i in range(1, WORKERS + 1)}
         prom = prometheus(
@@ -175,9 +178,14 @@ def kill_in_crash_gap(stack: Stack, prom: Prometheus, tool: str) -> None:
     worker-2 is scraped at zero before it can take the call over: a counter whose first
     sample is already 1 shows no increase."""
     stack.start_worker("worker-2")
-    prom.wait_for(
-        f'up{{instance="127.0.0.1:{stack.port_of("worker-2")}"}}', lambda v: v == 1, timeout=60
-    )
+    try:
+        prom.wait_for(
+            f'up{{instance="127.0.0.1:{stack.port_of("worker-2")}"}}', lambda v: v == 1, timeout=60
+        )
+    except AssertionError as exc:
+        code = stack.procs["worker-2"].poll()
+        logs = Path(stack.log_path or "").read_text(errors="replace")[-3000:]
+        raise AssertionError(f"{exc}; worker-2 exit code {code}; logs:\n{logs}") from None
     one = f'instance="127.0.0.1:{stack.port_of("worker-1")}"'
     prom.wait_for(
         f'sum(callgate_side_effects_total{{tool="{tool}",{one}}})',
