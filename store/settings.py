@@ -96,6 +96,8 @@ class Settings:
     max_dispatches: int = 10
     worker_concurrency: int = 8
     worker_grace_seconds: float = 30.0
+    # Each worker process also sweeps, on a thread: recovery does not hang on one process.
+    worker_sweep: bool = True
     # ``module:attribute`` of the tool registry and the allowlist override; loaded (and
     # required) only by the processes that run or plan tools: workers and producers.
     tools: str | None = None
@@ -137,6 +139,7 @@ class Settings:
                 env, "CALLGATE_WORKER_CONCURRENCY", 8, minimum=1, maximum=MAX_WORKER_CONCURRENCY
             ),
             worker_grace_seconds=_float(env, "CALLGATE_WORKER_GRACE_SECONDS", 30.0, minimum=0),
+            worker_sweep=_bool(env, "CALLGATE_WORKER_SWEEP") is not False,
             tools=env.get("CALLGATE_TOOLS") or None,
             allowlist=env.get("CALLGATE_ALLOWLIST") or None,
             max_call_bytes=_int(

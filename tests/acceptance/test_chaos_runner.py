@@ -179,10 +179,6 @@ def test_downstream_outage_refuses_before_applying() -> None:
 # --- what the self-healing work must fix (reported as failing today) ---------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no other process sweeps once the sweeper is gone: the crash-gap call stays open",
-)
 def test_sweeper_killed_loses_nothing() -> None:
     passed("sweeper-killed")
 
