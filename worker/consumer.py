@@ -28,7 +28,8 @@ from rq import SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from callgate.store import transport
+from callgate.store import db, transport
+from callgate.store.errors import ServiceUnavailable
 from callgate.worker import executor
 from callgate.worker.runtime import Runtime
 
@@ -36,6 +37,10 @@ log = logging.getLogger("callgate.worker")
 
 POLL_SECONDS = 1.0
 REGISTRATION_HEARTBEAT_SECONDS = 60.0
+# A delivery that failed because PostgreSQL or Redis was unreachable is made again by the same
+# worker, up to this many deliveries in all, this long apart.
+OUTAGE_DELIVERIES = 3
+OUTAGE_PAUSE_SECONDS = 1.0
 
 
 class Consumer:
@@ -153,9 +158,22 @@ class Consumer:
 
     def _run_one(self, job_id: str, ref: uuid.UUID) -> None:
         try:
-            executor.execute(self.rt, ref)
-        except Exception:  # the call stays open in Postgres; the sweeper dispatches it again
-            log.exception("delivery of call %s failed", ref)
+            for attempt in range(1, OUTAGE_DELIVERIES + 1):
+                try:
+                    executor.execute(self.rt, ref)
+                    break
+                except Exception as exc:
+                    if attempt < OUTAGE_DELIVERIES and _outage(exc):
+                        # PostgreSQL went away for longer than one statement's retries (a
+                        # restart): deliver the call again here rather than leave it to the
+                        # stale sweep. A delivery is always safe to repeat (the reservation
+                        # CAS, the guarded completion).
+                        log.warning("delivery of call %s met an outage (%s); again", ref, exc)
+                        self._stopping.wait(OUTAGE_PAUSE_SECONDS)
+                        continue
+                    # The call stays open in Postgres; the sweeper dispatches it again.
+                    log.exception("delivery of call %s failed", ref)
+                    break
         finally:
             with self._slots:
                 self._returned.append(job_id)
@@ -175,6 +193,10 @@ class Consumer:
                     self.in_flight,
                     self.grace_seconds,
                 )
+
+
+def _outage(exc: BaseException) -> bool:
+    return isinstance(exc, ServiceUnavailable) or db.is_transient(exc)
 
 
 class Liveness:
