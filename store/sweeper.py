@@ -286,12 +286,14 @@ def recover_lost(
     name = queue.name
     dispatched: list[uuid.UUID] = []
     epoch = transport.epoch_key(name)
-    # Postgres' clock, read before Redis is looked at: every job enqueued before it may be lost.
-    with db.autocommit(engine) as pg:
-        since = pg.execute(text("SELECT now()")).scalar_one()
     if conn.set(epoch, uuid.uuid4().hex, nx=True):
-        # The key was missing: Redis lost its data (or this queue never had a sweeper).
+        # The key was missing: Redis lost its data (or this queue never had a sweeper). Every
+        # job enqueued before now may be lost; Postgres' clock read after the loss was seen
+        # covers them all (and a few jobs enqueued since, which are only duplicates). It is
+        # read once: the calls marked meanwhile are dispatched after it, so batches end.
         try:
+            with db.autocommit(engine) as pg:
+                since = pg.execute(text("SELECT now()")).scalar_one()
             lost = _redispatch_lost(
                 engine,
                 queue,
