@@ -3,7 +3,10 @@ downstream's retry_after_ms is honoured; the budget settings."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import time
+from typing import Any
 
 import psycopg
 import pytest
@@ -12,7 +15,8 @@ from sqlalchemy.exc import OperationalError
 from callgate.ops.chaos.tools import UNKEYED, chaos_registry
 from callgate.store.errors import ConfigurationError, ErrorCode, StaleFence, ToolError
 from callgate.store.settings import Settings
-from callgate.worker.executor import may_retry, retry_delay, transient_failure
+from callgate.worker.executor import _run_handler, may_retry, retry_delay, transient_failure
+from callgate.worker.registry import ExecutionContext
 
 REGISTRY = chaos_registry()
 READ = REGISTRY.tools["get_stock"]
@@ -82,3 +86,55 @@ def test_the_retry_budget_settings() -> None:
         Settings.from_env({"CALLGATE_RETRY_ATTEMPTS": "0"})
     assert Settings.from_env({"CALLGATE_WORKER_SWEEP": "off"}).worker_sweep is False
     assert default.worker_sweep is True
+
+
+class _Held:
+    """A lease that holds (the handler's retries stop early when it does not)."""
+
+    def expired(self) -> bool:
+        return False
+
+
+def _attempts(failure: BaseException | None, *, tool: Any = READ, **budget: Any) -> list[float]:
+    """Run ``_run_handler`` on a handler that fails with ``failure`` once per attempt; returns
+    when each attempt started."""
+    started: list[float] = []
+
+    def handler(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
+        started.append(time.monotonic())
+        if failure is not None:
+            raise failure
+        return {"ok": True}
+
+    ctx = ExecutionContext("t", "u", "op", "key", 1, "r")
+    with contextlib.suppress(Exception):
+        _run_handler(
+            dataclasses.replace(tool, handler=handler),
+            {},
+            ctx,
+            _Held(),
+            **budget,  # type: ignore[arg-type]
+        )
+    return started
+
+
+def test_a_retryable_refusal_is_tried_up_to_the_attempt_budget_with_growing_waits() -> None:
+    started = _attempts(unavailable(), attempts=3, budget_seconds=10)
+    assert len(started) == 3
+    first, second = started[1] - started[0], started[2] - started[1]
+    assert 0.1 <= first < second  # 0.1 s + jitter, then 0.2 s + jitter
+
+
+def test_retry_after_ms_is_waited_for_and_a_hint_past_the_budget_ends_the_retries() -> None:
+    hinted = ToolError("slow down", code=ErrorCode.UPSTREAM_UNAVAILABLE, retry_after_ms=600)
+    started = _attempts(hinted, attempts=2, budget_seconds=10)
+    assert len(started) == 2 and started[1] - started[0] >= 0.6
+    too_long = ToolError("later", code=ErrorCode.UPSTREAM_UNAVAILABLE, retry_after_ms=60_000)
+    t0 = time.monotonic()
+    assert len(_attempts(too_long, attempts=5, budget_seconds=2)) == 1
+    assert time.monotonic() - t0 < 5  # no sleep past the budget
+
+
+def test_a_dropped_connection_is_retried_for_a_keyed_write_and_not_for_an_unkeyed_one() -> None:
+    assert len(_attempts(admin_shutdown(), tool=KEYED, attempts=3, budget_seconds=10)) == 3
+    assert len(_attempts(admin_shutdown(), tool=UNKEYED_WRITE, attempts=3, budget_seconds=10)) == 1
