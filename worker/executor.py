@@ -17,9 +17,9 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from tenacity import (
@@ -41,6 +41,7 @@ from callgate.store.errors import (
     ToolError,
     UnstorableValue,
 )
+from callgate.store.settings import Settings
 from callgate.store.turns import RAW_ARGUMENTS
 from callgate.store.types import TERMINAL_STATES
 from callgate.worker import aio, gate, redaction, results
@@ -50,6 +51,8 @@ from callgate.worker.registry import Arguments, ExecutionContext, Facts, Princip
 from callgate.worker.runtime import Runtime
 
 log = logging.getLogger("callgate.worker")
+
+_T = TypeVar("_T")
 
 SETTLE_ATTEMPTS = 3
 # Between two attempts of a handler: exponential back-off (0.1 s, 0.2 s, 0.4 s, … at most 2 s)
@@ -169,7 +172,7 @@ def _deliver(d: _Delivery) -> str:
             return _run(d, tool, args, key, admitted, facts)
 
     try:
-        facts = _resolve(tool, args, principal)
+        facts = _resolve(tool, args, principal, d.rt.settings)
     except ToolError as err:
         d.verdicts["business"] = err.code.value
         return _reject(d, err)
@@ -217,12 +220,13 @@ def _check_call(d: _Delivery) -> tuple[Tool, Arguments]:
     return tool, args
 
 
-def _resolve(tool: Tool, args: Arguments, principal: Principal) -> Facts:
+def _resolve(tool: Tool, args: Arguments, principal: Principal, settings: Settings) -> Facts:
     """The status lookup behind the intent and the business and authorization layers."""
     if tool.resolve is None:
         return Facts()
+    resolve = tool.resolve
     try:
-        return tool.resolve(args, principal)
+        return _read(lambda: resolve(args, principal), settings)
     except ToolError:
         raise
     except Exception as exc:  # the lookup's service failed; the same call may work later
@@ -411,8 +415,9 @@ def _settle(
     Without a lookup, or if the lookup cannot tell, a person reconciles it."""
     if tool.lookup is None:
         return _reconciliation(why)
+    lookup = tool.lookup
     try:
-        found = tool.lookup(args, ctx)
+        found = _read(lambda: lookup(args, ctx), d.rt.settings)
     except Exception:
         log.exception("status lookup of %s failed", tool.name)
         d.verdicts["lookup"] = "unknown"
@@ -595,6 +600,19 @@ def may_retry(tool: Tool, exc: BaseException) -> bool:
     if isinstance(exc, ToolError):
         return exc.retryable and (_safe_to_repeat(tool) or exc.applied is False)
     return transient_failure(exc) and _safe_to_repeat(tool)
+
+
+def _read(read: Callable[[], _T], settings: Settings) -> _T:
+    """A status lookup, again after a dropped connection within the retry budget: it only
+    reads, so a repeat changes nothing (a terminated backend must not refuse a call)."""
+    retrying = Retrying(
+        stop=stop_after_attempt(settings.retry_attempts)
+        | stop_before_delay(settings.retry_budget_seconds),
+        wait=_wait,
+        retry=retry_if_exception(transient_failure),
+        reraise=True,
+    )
+    return retrying(read)
 
 
 def retry_delay(backoff: float, retry_after_ms: int | None) -> float:

@@ -15,7 +15,7 @@ from sqlalchemy.exc import OperationalError
 from callgate.ops.chaos.tools import UNKEYED, chaos_registry
 from callgate.store.errors import ConfigurationError, ErrorCode, StaleFence, ToolError
 from callgate.store.settings import Settings
-from callgate.worker.executor import _run_handler, may_retry, retry_delay, transient_failure
+from callgate.worker.executor import _read, _run_handler, may_retry, retry_delay, transient_failure
 from callgate.worker.registry import ExecutionContext
 
 REGISTRY = chaos_registry()
@@ -138,3 +138,25 @@ def test_retry_after_ms_is_waited_for_and_a_hint_past_the_budget_ends_the_retrie
 def test_a_dropped_connection_is_retried_for_a_keyed_write_and_not_for_an_unkeyed_one() -> None:
     assert len(_attempts(admin_shutdown(), tool=KEYED, attempts=3, budget_seconds=10)) == 3
     assert len(_attempts(admin_shutdown(), tool=UNKEYED_WRITE, attempts=3, budget_seconds=10)) == 1
+
+
+def test_a_status_lookup_is_read_again_after_a_dropped_connection_but_not_after_a_bug() -> None:
+    settings = Settings.from_env({})
+    reads: list[int] = []
+
+    def flaky() -> str:
+        reads.append(1)
+        if len(reads) == 1:
+            raise admin_shutdown()
+        return "found"
+
+    assert _read(flaky, settings) == "found" and len(reads) == 2
+
+    def broken() -> str:
+        reads.append(1)
+        raise ValueError("bug")
+
+    reads.clear()
+    with pytest.raises(ValueError):
+        _read(broken, settings)
+    assert len(reads) == 1
