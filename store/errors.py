@@ -167,6 +167,10 @@ class ToolError(CallgateError):
     refused before writing, the connection was never opened): a retryable error is then
     safe to retry even for a write whose downstream takes no idempotency key. Left unset, a
     retryable error from such a write may have applied and goes to reconciliation.
+
+    ``retry_after_ms``: the downstream's own hint (a rate limit's Retry-After, an MCP
+    server's ``retryAfterMs``) for a retryable error. callgate's retries wait at least this
+    long, and a call that ends ``failed_retryable`` carries it to the model.
     """
 
     def __init__(
@@ -176,9 +180,11 @@ class ToolError(CallgateError):
         code: ErrorCode | None = None,
         details: list[dict[str, Any]] | None = None,
         applied: bool | None = None,
+        retry_after_ms: int | None = None,
     ) -> None:
         super().__init__(message, code=code, details=details)
         self.applied = applied
+        self.retry_after_ms = retry_after_ms
 
 
 class UnstorableValue(CallgateError):

@@ -86,6 +86,8 @@ def record(
     context: CallContext,
     planned: Sequence[PlannedCall],
     decide: Decide | None = None,
+    *,
+    turn_id: uuid.UUID | None = None,
 ) -> tuple[uuid.UUID, list[PlannedCall]]:
     """Turn, operations and calls in one transaction: all of it is recorded, or none.
 
@@ -231,6 +233,13 @@ class TurnState:
     turn_id: uuid.UUID
     proposals: list[tuple[str, str]]  # (call_id, tool_name) in proposal order
     results: list[dict[str, Any]]  # terminal results already committed
+
+
+def exists(engine: Engine, turn_id: uuid.UUID) -> bool:
+    """Whether turn ``turn_id`` is recorded (committed)."""
+    with db.autocommit(engine) as conn:
+        found = conn.execute(select(turns.c.turn_id).where(turns.c.turn_id == turn_id)).first()
+    return found is not None
 
 
 def load_state(engine: Engine, turn_id: str) -> TurnState:

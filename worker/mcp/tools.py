@@ -227,6 +227,7 @@ class _Invocation:
                 f"MCP tool {self.name} failed ({error.code})",
                 code=ErrorCode(error.code),
                 details=details,
+                retry_after_ms=error.retry_after_ms,
             )
         return self._checked_output(result.data)
 
