@@ -63,8 +63,13 @@ function reversibility(impact) {
 function outcome(call) {
   const r = call.result;
   if (!r) return `${call.call_id}: ${call.state}`;
-  const body = r.status === "succeeded" ? r.data : r.error;
-  return `${call.call_id}: ${r.status} ${JSON.stringify(body)}`;
+  if (r.status === "succeeded") {
+    // A safe result wraps the tool's output with its trust label; show the output.
+    const content = r.data && r.data.content !== undefined ? r.data.content : r.data;
+    return `${call.call_id}: succeeded ${JSON.stringify(content)}`;
+  }
+  const error = r.error || {};
+  return `${call.call_id}: ${r.status} ${error.code || ""}`;
 }
 
 function card(view, pending) {
