@@ -7,6 +7,7 @@ import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from typing import Any
 
 from fastapi import FastAPI
 from sqlalchemy import Engine
@@ -88,4 +89,12 @@ def create_app(settings: Settings, api: ApiSettings) -> FastAPI:
     problems.install(app)
     app.include_router(routes.router)
     app.include_router(console.router)
+    make_document = app.openapi
+
+    def document() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = problems.tidy_openapi(make_document())
+        return app.openapi_schema
+
+    app.openapi = document  # type: ignore[method-assign]
     return app

@@ -163,3 +163,22 @@ def _driver_error(exc: Exception) -> CallgateError | None:
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return CallgateError("cannot reach Redis", code=ErrorCode.REDIS_UNAVAILABLE)
     return None
+
+
+def tidy_openapi(doc: dict[str, Any]) -> dict[str, Any]:
+    """Errors are documented as what they are: ``application/problem+json`` with the
+    ``Problem`` schema (FastAPI would also list ``application/json``), and no 422 (a
+    request FastAPI cannot validate is answered 400 ``invalid_input``, a problem too)."""
+    for operations in doc.get("paths", {}).values():
+        for operation in operations.values():
+            answers = operation.get("responses", {})
+            answers.pop("422", None)
+            for status, answer in answers.items():
+                content = answer.get("content", {})
+                if int(status) >= 400 and PROBLEM_TYPE in content:
+                    schema = content.pop("application/json", {}).get("schema")
+                    content[PROBLEM_TYPE] = {"schema": schema} if schema else {}
+    schemas = doc.get("components", {}).get("schemas", {})
+    for unused in ("HTTPValidationError", "ValidationError"):
+        schemas.pop(unused, None)
+    return doc
