@@ -189,12 +189,29 @@ def test_the_requester_cannot_approve_their_own_request(running, env, engine):
     (result,) = _results(running, requester, turn["turn_id"], until="complete")["results"]
     assert result["status"] == "succeeded", result
     assert requests_for(engine, key) == 1 and effects_for(engine, key) == 1
+    with running.client(requester) as http:  # the provider's own result format
+        resp = http.get(
+            f"/v1/turns/{turn['turn_id']}/results", params={"provider": "anthropic-messages"}
+        )
+        assert resp.status_code == 200, resp.text
+        message = resp.json()
+        assert message["role"] == "user"
+        assert [b["tool_use_id"] for b in message["content"]] == ["c1"]
+    with running.client(colleague) as http:  # decided: nothing more to decide
+        resp = http.post(f"/v1/approvals/{approval_id}/deny")
+        assert (resp.status_code, resp.json()["code"]) == (409, "approval_not_pending")
 
 
 def test_a_revoked_key_is_refused(running, env):
     made = make_key(env, "tenant-a", "user-17", "support")
+    viewer = make_key(env, "tenant-a", "user-5", "viewer")["key"]
+    with running.client(viewer) as http:  # the tools of the key's roles, never more
+        names = {t["name"] for t in http.get("/v1/tools").json()}
+        assert "get_weather" in names and "refund_payment" not in names
     with running.client(made["key"]) as http:
-        assert http.get("/v1/tools").status_code == 200
+        tools = http.get("/v1/tools", params={"provider": "openai-chat"})
+        assert tools.status_code == 200
+        assert "refund_payment" in {t["function"]["name"] for t in tools.json()}
         proc = callgate("keys", "revoke", made["key_id"], env=env)
         assert proc.returncode == 0, proc.stderr
         resp = http.get("/v1/tools")
