@@ -3,8 +3,10 @@ real ``callgate api`` and real workers.
 
 An approver signs in with their key (the key never appears in the page, the session cookie
 is HttpOnly and SameSite=Strict), approves the 12,000 KRW refund of order O-17 and sees its
-result, sees a request decided elsewhere move without a reload, and denies the deletion of
-50 e-mails. Counted at the downstreams: one refund, no deletion.
+result, sees a request decided elsewhere move without a reload, approves a refund whose
+order gets a newer payment meanwhile and reads that a new decision is needed, and denies
+the deletion of 50 e-mails. Counted at the downstreams: the approved refunds once each, no
+deletion.
 
 ``CONSOLE_SCREENSHOT=PATH`` saves a screenshot of the console there as well.
 """
@@ -99,11 +101,12 @@ def test_an_approver_signs_in_approves_the_o17_refund_and_denies_a_deletion(
     requester = make_key(env, "tenant-a", "user-17", "support")["key"]
     approver = make_key(env, "tenant-a", "user-5", "approver")["key"]
     colleague = make_key(env, "tenant-a", "user-9", "approver")["key"]
-    other_order = f"O-{uuid.uuid4().hex[:8]}"
+    other_order, moved_order = (f"O-{uuid.uuid4().hex[:8]}" for _ in range(2))
     with engine.begin() as conn:
-        downstream.add_payment(
-            conn, other_order, "tenant-a", "merchant-tenant-a", "pay-x", 50_000, "KRW"
-        )
+        for order in (other_order, moved_order):
+            downstream.add_payment(
+                conn, order, "tenant-a", "merchant-tenant-a", f"pay-{order}", 50_000, "KRW"
+            )
     with running.client(requester) as http:
         refund_turn, refund_approval = _parked(
             http, [{"call_id": "r1", "tool_name": "refund_payment", "arguments": REFUND_O17}]
@@ -119,6 +122,16 @@ def test_an_approver_signs_in_approves_the_o17_refund_and_denies_a_deletion(
                     "call_id": "e1",
                     "tool_name": "refund_payment",
                     "arguments": {"order_id": other_order, "amount": 20_000, "currency": "KRW"},
+                }
+            ],
+        )
+        _moved_turn, moved_approval = _parked(
+            http,
+            [
+                {
+                    "call_id": "m1",
+                    "tool_name": "refund_payment",
+                    "arguments": {"order_id": moved_order, "amount": 30_000, "currency": "KRW"},
                 }
             ],
         )
@@ -138,7 +151,7 @@ def test_an_approver_signs_in_approves_the_o17_refund_and_denies_a_deletion(
             expect(page.locator("#who")).to_have_text("user-5 · tenant-a")
             expect(page.locator("#sign-in")).to_be_hidden()
             pending = page.locator("#pending article[data-state=pending]")
-            expect(pending).to_have_count(3)
+            expect(pending).to_have_count(4)
 
             # The key is nowhere in the page, and the session cookie holds no secret.
             assert approver not in page.content()
@@ -170,6 +183,25 @@ def test_an_approver_signs_in_approves_the_o17_refund_and_denies_a_deletion(
                 page.locator(f"#recent article[data-approval='{elsewhere_approval}']")
             ).to_have_attribute("data-state", "approved")
 
+            # The order gets a newer payment while its refund waits: approving it now, the
+            # resumed call resolves another payment (another intent). The approval does not
+            # carry over; the console says so on the new request.
+            with engine.begin() as conn:
+                downstream.add_payment(
+                    conn, moved_order, "tenant-a", "merchant-tenant-a", "pay-newer", 50_000, "KRW"
+                )
+            page.locator(f"article[data-approval='{moved_approval}']").get_by_role(
+                "button", name="Approve"
+            ).click()
+            superseded = page.locator(f"#recent article[data-approval='{moved_approval}']")
+            expect(superseded).to_have_attribute("data-state", "superseded")
+            expect(superseded).to_contain_text("Superseded by version 2")
+            again = pending.filter(has_text="payment_id pay-newer")
+            expect(again).to_contain_text(
+                "The intent changed after version 1 was decided by user-5: that decision does "
+                "not carry over. This is a new request and needs a new decision."
+            )
+
             shot = tmp_path / "console.png"
             page.screenshot(path=str(shot), full_page=True)
             if target := os.environ.get("CONSOLE_SCREENSHOT"):
@@ -179,6 +211,7 @@ def test_an_approver_signs_in_approves_the_o17_refund_and_denies_a_deletion(
             denied = page.locator(f"#recent article[data-approval='{delete_approval}']")
             expect(denied).to_have_attribute("data-state", "denied")
             expect(denied).to_contain_text("approval_denied")
+            again.get_by_role("button", name="Deny").click()
             expect(pending).to_have_count(0)
 
             # A forged decision without the CSRF token changes nothing.
