@@ -9,6 +9,7 @@ enough not to be rate-limited (429 is documented, but would only shorten the run
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -46,7 +47,7 @@ def served(make_own_database: Callable[[], str], redis_url: str) -> Iterator[tup
     env = {
         "CALLGATE_DATABASE_URL": make_own_database(),
         "CALLGATE_REDIS_URL": redis_url,
-        "CALLGATE_QUEUE": "schema-test",
+        "CALLGATE_QUEUE": f"t-schema-{uuid.uuid4().hex[:8]}",
         "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
         "CALLGATE_API_MAX_WAIT": "0.5",
     }
