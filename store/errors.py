@@ -66,6 +66,13 @@ class ErrorCode(StrEnum):
     # Manual reconciliation of writes callgate cannot know the outcome of.
     UNKNOWN_OPERATION = "unknown_operation"
     NOT_AWAITING_RECONCILIATION = "not_awaiting_reconciliation"
+    # The HTTP API (callgate api): keys, roles, rate limits, the console's CSRF token.
+    UNAUTHENTICATED = "unauthenticated"
+    ROLE_REQUIRED = "role_required"
+    RATE_LIMITED = "rate_limited"
+    CSRF_FAILED = "csrf_failed"
+    UNKNOWN_API_KEY = "unknown_api_key"
+    UNKNOWN_ROUTE = "unknown_route"
     DATABASE_UNAVAILABLE = "database_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"
     EMBEDDED_SERVICE_FAILED = "embedded_service_failed"
@@ -79,6 +86,7 @@ RETRYABLE_CODES = frozenset(
         ErrorCode.OPERATION_IN_PROGRESS,
         ErrorCode.DATABASE_UNAVAILABLE,
         ErrorCode.REDIS_UNAVAILABLE,
+        ErrorCode.RATE_LIMITED,
     }
 )
 
@@ -146,6 +154,21 @@ class ApprovalError(CallgateError):
     longer pending, or that they asked for themselves."""
 
     code = ErrorCode.UNKNOWN_APPROVAL
+
+
+class AccessError(CallgateError):
+    """An HTTP API request without a valid key (``unauthenticated``), without the role it
+    needs (``role_required``), over its key's rate (``rate_limited``, with ``retry_after``
+    seconds) or without the console's CSRF token (``csrf_failed``); a key id ``callgate keys
+    revoke`` does not know (``unknown_api_key``)."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+    def __init__(
+        self, message: str, *, code: ErrorCode | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
 
 
 class ReconciliationError(CallgateError):

@@ -47,6 +47,11 @@ def results_stream(queue: str, turn_id: uuid.UUID | str) -> str:
     return f"callgate:{queue}:results:{turn_id}"
 
 
+def api_bucket(queue: str, key_id: str) -> str:
+    """The HTTP API's rate-limit token bucket of one API key."""
+    return f"callgate:{queue}:api:bucket:{key_id}"
+
+
 def job_queue(connection: redis.Redis, name: str) -> Queue:
     return Queue(name, connection=connection, serializer=JSONSerializer)
 
