@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.acceptance.processes import _free_port
+from callgate.ops.chaos.services import free_port
 
 
 @dataclass
@@ -42,7 +42,7 @@ class ApiServer:
 
 
 def start_api(env: dict[str, str]) -> ApiServer:
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "callgate.ops.cli", "api", "--port", str(port)],
         env={**os.environ, **env},
