@@ -16,7 +16,8 @@ COPY producer ./producer
 COPY worker ./worker
 COPY store ./store
 COPY ops ./ops
-RUN pip install . \
+# The api extra: `callgate api` (the HTTP API and the approval console) runs from this image too.
+RUN pip install '.[api]' \
     && useradd --system --no-create-home callgate
 
 USER callgate

@@ -506,7 +506,7 @@ def submit_cmd(
     is refused with its adapter code and nothing is written. A final answer with no tool
     calls records nothing.
     """
-    from callgate.producer import Producer, adapters
+    from callgate.producer import Producer, intake
 
     context = _read_json(context_file, "context")
     raw = _read_json(proposals_file, "provider response" if provider else "proposals")
@@ -516,38 +516,28 @@ def submit_cmd(
         raise InputError("--stream needs --provider SURFACE")
     producer = Producer.from_env()
     try:
-        if provider:
-            known = producer.registry.tools.keys()
-            if stream:
-                if not isinstance(raw, list):
-                    raise InputError("with --stream, the file must be a JSON list of events")
-                proposals: list[Any] = adapters.read_stream(provider, raw, known)
-            else:
-                proposals = adapters.read_proposals(provider, raw, known)
-            if not proposals:
-                _report_no_calls(as_json)
-                return
-        else:
-            if not isinstance(raw, list):
-                raise InputError("proposals must be a JSON list of {call_id, tool_name, arguments}")
-            proposals = raw
+        proposals = intake.proposals_from(
+            raw, provider=provider, stream=stream, known_tools=producer.registry.tools.keys()
+        )
+        if provider and not proposals:
+            _report_no_calls(as_json)
+            return
         turn = producer.submit(proposals, context)
     finally:
         producer.close()
-    calls = [
-        {"call_id": c.call_id, "tool_name": c.tool_name, "operation_id": c.operation_id}
-        for c in turn.calls
-    ]
+    answer = intake.submitted(turn)
     if as_json:
-        click.echo(json.dumps({"turn_id": turn.turn_id, "calls": calls}))
+        click.echo(json.dumps(answer))
         return
     click.echo(f"turn {turn.turn_id}")
-    _table(["call_id", "tool_name", "operation_id"], calls)
+    _table(["call_id", "tool_name", "operation_id"], answer["calls"])
 
 
 def _report_no_calls(as_json: bool) -> None:
+    from callgate.producer.intake import NO_CALLS
+
     if as_json:
-        click.echo(json.dumps({"turn_id": None, "calls": []}))
+        click.echo(json.dumps(NO_CALLS))
     else:
         click.echo("no tool calls: a final answer; nothing recorded")
 
@@ -611,16 +601,13 @@ def collect_cmd(turn_id: str, timeout: float, provider: str | None, as_json: boo
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def trace_cmd(turn_or_call: str, as_json: bool) -> None:
     """Print the audit trace of a turn or a call (by its ref)."""
+    from callgate.producer.intake import redacted_trace
     from callgate.store import trace
-    from callgate.worker import redaction
 
     settings = _settings()
     engine = db.create(settings.require_database())
     with db.translate_errors("trace"):
-        events = trace.events(engine, turn_or_call)
-    # Details are redacted when written; again here, so no row written by an older version
-    # (or by a path that forgot) is shown raw.
-    events = [{**e, "detail": redaction.redact_value(e["detail"], names=False)} for e in events]
+        events = redacted_trace(trace.events(engine, turn_or_call))
     if as_json:
         click.echo(json.dumps(events, default=str))
         return
@@ -792,14 +779,11 @@ def _dispatch(settings: Settings, refs: list[uuid.UUID]) -> None:
 def tools_cmd(roles: tuple[str, ...], provider: str | None) -> None:
     """Print the tool definitions a model acting for these roles may be shown (JSON), from
     the registry CALLGATE_TOOLS names."""
+    from callgate.producer.intake import tool_definitions
     from callgate.worker import registry
 
     definitions = registry.from_env().definitions_for(roles)
-    if provider:
-        from callgate.producer import adapters
-
-        definitions = adapters.tool_definitions(provider, definitions)
-    click.echo(json.dumps(definitions, indent=2))
+    click.echo(json.dumps(tool_definitions(definitions, provider), indent=2))
 
 
 # --- helpers -------------------------------------------------------------------------------
@@ -901,6 +885,16 @@ def _mcp_commands() -> None:
 
 
 _mcp_commands()
+
+
+def _api_commands() -> None:
+    from callgate.ops.api import api_cmd, keys_group
+
+    cli.add_command(api_cmd)
+    cli.add_command(keys_group)
+
+
+_api_commands()
 
 if __name__ == "__main__":
     main()

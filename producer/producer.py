@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
 from sqlalchemy import Engine
 
@@ -21,6 +25,8 @@ from callgate.store.errors import CorrelationError, ErrorCode, ServiceUnavailabl
 from callgate.store.settings import Settings
 from callgate.store.types import TRUST_LABEL, CallContext, ProposedCall, Turn
 from callgate.worker import registry as tool_registry
+
+log = logging.getLogger("callgate.producer")
 
 # How often collect() re-reads Postgres while it waits on the stream: the safety net for a
 # publish Redis dropped. Results normally arrive through the stream within milliseconds.
@@ -133,16 +139,19 @@ class Producer:
         ctx = checked.context
         planned = plan(checked.calls, ctx, self.registry, checked.operation_ids)
 
+        decided: list[turns.PlannedCall] = []
+
         def decide(facts: turns.ConversationFacts) -> list[turns.PlannedCall]:
-            return apply_budgets(
+            decided[:] = apply_budgets(
                 planned,
                 facts,
                 turn_budget=self.settings.turn_call_budget,
                 conversation_budget=self.settings.conversation_call_budget,
             )
+            return list(decided)
 
         with db.translate_errors("submit"):
-            turn_id, planned = turns.record(self.engine, ctx, planned, decide)
+            turn_id, planned = self._record(ctx, planned, decide, decided)
         metrics.calls_proposed_all((p.proposal.tool_name for p in planned), self.registry.tools)
         turn = turns.as_turn(turn_id, planned)
         try:
@@ -160,6 +169,34 @@ class Producer:
             ) from exc
         return turn
 
+    def _record(
+        self,
+        ctx: CallContext,
+        planned: list[turns.PlannedCall],
+        decide: turns.Decide,
+        decided: list[turns.PlannedCall],
+    ) -> tuple[uuid.UUID, list[turns.PlannedCall]]:
+        """``turns.record``, again after a lost connection (a PostgreSQL restart, a
+        terminated backend) for up to ``db.RECONNECT_SECONDS``.
+
+        Re-running the transaction is safe only when the failed attempt did not commit. A
+        failure before COMMIT rolled it back; a failure during COMMIT may have lost only
+        the reply. The turn's id is chosen here, so the next attempt first asks whether the
+        turn is recorded (a read, safe to repeat): if so, the failed attempt committed, and
+        what it recorded is what its ``decide`` returned last (``decided``).
+        """
+        turn_id = uuid.uuid4()
+        first = True
+
+        def attempt() -> tuple[uuid.UUID, list[turns.PlannedCall]]:
+            nonlocal first
+            if not first and turns.exists(self.engine, turn_id):
+                return turn_id, list(decided)
+            first = False
+            return turns.record(self.engine, ctx, planned, decide, turn_id=turn_id)
+
+        return db.retry_until(attempt)
+
     def collect(self, turn_id: str, timeout: float) -> Collected:
         """Wait up to ``timeout`` seconds for one terminal result per proposed call.
 
@@ -168,13 +205,19 @@ class Producer:
         negative (``InputError`` otherwise).
         """
         validation.check_timeout(timeout)
+        deadline = time.monotonic() + timeout
+        # Every read here changes nothing: after a lost connection (a PostgreSQL restart, a
+        # terminated backend) it is simply sent again on a new one, within the timeout (and
+        # at least ``db.RECONNECT_SECONDS`` for the first, without which nothing is known).
         with db.translate_errors("collect"):
-            state = turns.load_state(self.engine, turn_id)
+            state = db.retry_until(
+                lambda: turns.load_state(self.engine, turn_id),
+                seconds=max(timeout, db.RECONNECT_SECONDS),
+            )
         loaded = time.monotonic()
         fan = FanIn(state.proposals)
         fan.add_all(state.results)
         stream = transport.results_stream(self.settings.queue, state.turn_id)
-        deadline = time.monotonic() + timeout
         last_id = "0-0"
         next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
         while not fan.complete:
@@ -182,21 +225,36 @@ class Producer:
             if remaining <= 0:
                 break
             block_ms = max(1, int(min(remaining, POSTGRES_RECHECK_SECONDS) * 1000))
-            with transport.translate_errors("collect"):
+            try:
                 reply: Any = self.redis.xread({stream: last_id}, block=block_ms, count=500)
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                # Redis down or restarting: PostgreSQL holds every committed result too;
+                # read them there until Redis is back (the stream is read from its start
+                # again then: fan-in drops copies).
+                log.warning("collect: cannot reach Redis (%s); reading PostgreSQL", exc)
+                reply, last_id = None, "0-0"
+                next_recheck = time.monotonic()
+                time.sleep(min(POSTGRES_RECHECK_SECONDS, max(0.0, remaining)))
             for _stream, entries in reply or []:
                 for entry_id, fields in entries:
                     last_id = entry_id.decode()
                     fan.add(json.loads(fields[b"result"]))
             if not fan.complete and time.monotonic() >= next_recheck:
-                with db.translate_errors("collect"):
+                try:
                     fan.add_all(turns.load_state(self.engine, turn_id).results)
+                except Exception as exc:
+                    if not db.is_transient(exc):
+                        raise
+                    # PostgreSQL is away: results still arrive on Redis; look again later.
+                    log.warning("collect: cannot reach PostgreSQL (%s); retrying", exc)
                 next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
         fanned_in(state, fan, loaded)
         awaiting: dict[str, str] = {}
         if not fan.complete:
             with db.translate_errors("collect"):
-                awaiting = turns.awaiting_approval(self.engine, state.turn_id)
+                awaiting = db.retry_until(
+                    lambda: turns.awaiting_approval(self.engine, state.turn_id)
+                )
         return Collected(
             turn_id=str(state.turn_id),
             complete=fan.complete,

@@ -116,29 +116,60 @@ def is_transient(exc: BaseException) -> bool:
     return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
-TRANSIENT_ATTEMPTS = 5
-# Exponential back-off between attempts: 50 ms, 100 ms, 200 ms, 400 ms (at most 1 s).
+def is_connection_failure(exc: BaseException) -> bool:
+    """``is_transient``, or the same failure as the driver raised it (a tool's handler
+    talking to its own database with psycopg directly)."""
+    return is_transient(exc) or (
+        isinstance(exc, psycopg.OperationalError)
+        and not isinstance(exc, psycopg.errors.ProgramLimitExceeded)
+    )
+
+
+# Exponential back-off between attempts: 50 ms, 100 ms, 200 ms, 400 ms, then 1 s, for up to
+# TRANSIENT_SECONDS in all: long enough to ride out a PostgreSQL restart (a few seconds).
 TRANSIENT_WAIT = 0.05
 TRANSIENT_MAX_WAIT = 1.0
+TRANSIENT_SECONDS = 10.0
 
 
 def retry_transient(attempt: Callable[[], _T]) -> _T:
-    """Run ``attempt`` (one guarded, self-contained statement), again on a transient failure.
+    """Run ``attempt`` (one guarded, self-contained statement), again on a transient failure,
+    for up to ``TRANSIENT_SECONDS``; the last failure is raised as it is.
 
     Only for statements that are safe to repeat: each guarantee statement is guarded on the
-    state it moves from, so a repeat after a commit whose reply was lost changes nothing.
-    At most ``TRANSIENT_ATTEMPTS`` attempts; the last failure is raised as it is. (A plain
-    loop: a tenacity ``Retrying`` built per statement cost more CPU than the statement's
-    own client side.)
+    state it moves from, so a repeat after a commit whose reply was lost changes nothing
+    (and the reservation recognises its own earlier commit by its owner token). A broken
+    pooled connection is discarded when it fails, so each attempt after one reconnects.
+    (A plain loop: a tenacity ``Retrying`` built per statement cost more CPU than the
+    statement's own client side.)
     """
-    for n in range(1, TRANSIENT_ATTEMPTS + 1):
+    return retry_until(attempt, seconds=TRANSIENT_SECONDS)
+
+
+# How long a caller that waits anyway (a producer collecting a turn, recording one) keeps
+# reconnecting through an outage: a PostgreSQL restart takes a few seconds.
+RECONNECT_SECONDS = 15.0
+
+
+def retry_until(attempt: Callable[[], _T], *, seconds: float = RECONNECT_SECONDS) -> _T:
+    """Run ``attempt`` again on a transient failure until ``seconds`` have passed, with
+    exponential back-off (at most 1 s). A broken pooled connection is discarded by the pool
+    when it fails, so the next attempt opens a new one: this is the reconnect.
+
+    Only for what is safe to repeat: a read (it changes nothing), or a transaction that a
+    failure is known to have rolled back (see ``Producer.submit``).
+    """
+    deadline = time.monotonic() + seconds
+    n = 0
+    while True:
+        n += 1
         try:
             return attempt()
         except Exception as exc:
-            if n == TRANSIENT_ATTEMPTS or not is_transient(exc):
+            wait = min(TRANSIENT_WAIT * 2 ** (n - 1), TRANSIENT_MAX_WAIT)
+            if not is_transient(exc) or time.monotonic() + wait > deadline:
                 raise
-            time.sleep(min(TRANSIENT_WAIT * 2 ** (n - 1), TRANSIENT_MAX_WAIT))
-    raise AssertionError("unreachable")  # pragma: no cover
+            time.sleep(wait)
 
 
 # --- the hot path: guarantee statements on the pooled driver connection ---------------------

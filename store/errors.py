@@ -66,6 +66,13 @@ class ErrorCode(StrEnum):
     # Manual reconciliation of writes callgate cannot know the outcome of.
     UNKNOWN_OPERATION = "unknown_operation"
     NOT_AWAITING_RECONCILIATION = "not_awaiting_reconciliation"
+    # The HTTP API (callgate api): keys, roles, rate limits, the console's CSRF token.
+    UNAUTHENTICATED = "unauthenticated"
+    ROLE_REQUIRED = "role_required"
+    RATE_LIMITED = "rate_limited"
+    CSRF_FAILED = "csrf_failed"
+    UNKNOWN_API_KEY = "unknown_api_key"
+    UNKNOWN_ROUTE = "unknown_route"
     DATABASE_UNAVAILABLE = "database_unavailable"
     REDIS_UNAVAILABLE = "redis_unavailable"
     EMBEDDED_SERVICE_FAILED = "embedded_service_failed"
@@ -79,6 +86,7 @@ RETRYABLE_CODES = frozenset(
         ErrorCode.OPERATION_IN_PROGRESS,
         ErrorCode.DATABASE_UNAVAILABLE,
         ErrorCode.REDIS_UNAVAILABLE,
+        ErrorCode.RATE_LIMITED,
     }
 )
 
@@ -148,6 +156,21 @@ class ApprovalError(CallgateError):
     code = ErrorCode.UNKNOWN_APPROVAL
 
 
+class AccessError(CallgateError):
+    """An HTTP API request without a valid key (``unauthenticated``), without the role it
+    needs (``role_required``), over its key's rate (``rate_limited``, with ``retry_after``
+    seconds) or without the console's CSRF token (``csrf_failed``); a key id ``callgate keys
+    revoke`` does not know (``unknown_api_key``)."""
+
+    code = ErrorCode.UNAUTHENTICATED
+
+    def __init__(
+        self, message: str, *, code: ErrorCode | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
+
+
 class ReconciliationError(CallgateError):
     """A person tried to settle a write that does not exist or is not awaiting settling."""
 
@@ -167,6 +190,10 @@ class ToolError(CallgateError):
     refused before writing, the connection was never opened): a retryable error is then
     safe to retry even for a write whose downstream takes no idempotency key. Left unset, a
     retryable error from such a write may have applied and goes to reconciliation.
+
+    ``retry_after_ms``: the downstream's own hint (a rate limit's Retry-After, an MCP
+    server's ``retryAfterMs``) for a retryable error. callgate's retries wait at least this
+    long, and a call that ends ``failed_retryable`` carries it to the model.
     """
 
     def __init__(
@@ -176,9 +203,11 @@ class ToolError(CallgateError):
         code: ErrorCode | None = None,
         details: list[dict[str, Any]] | None = None,
         applied: bool | None = None,
+        retry_after_ms: int | None = None,
     ) -> None:
         super().__init__(message, code=code, details=details)
         self.applied = applied
+        self.retry_after_ms = retry_after_ms
 
 
 class UnstorableValue(CallgateError):

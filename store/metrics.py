@@ -76,7 +76,13 @@ GATE_LAYERS: Final = (
 INTERNAL_LAYER: Final = "internal"
 TERMINAL_STATUSES: Final = ("succeeded", "failed_retryable", "failed_terminal")
 APPROVAL_OUTCOMES: Final = ("requested", "granted", "denied", "superseded")
-REDISPATCH_REASONS: Final = ("lease_expired", "stale", "approval_decided")
+REDISPATCH_REASONS: Final = (
+    "lease_expired",
+    "stale",
+    "approval_decided",
+    "worker_lost",
+    "redis_lost",
+)
 
 # --- counters --------------------------------------------------------------------------------
 
@@ -161,7 +167,8 @@ DUPLICATE_DELIVERIES = Counter(
 SWEEPER_REDISPATCHES = Counter(
     "callgate_sweeper_redispatches",
     "Calls the sweeper dispatched again: lease_expired (the worker died or stalled), stale "
-    "(the job was lost), approval_decided (a parked call whose request was decided).",
+    "(the job was lost), approval_decided (a parked call whose request was decided), "
+    "worker_lost (taken by a worker that stopped beating), redis_lost (Redis lost its data).",
     ["reason"],
 )
 SWEEPER_EXHAUSTED = Counter(

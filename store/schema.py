@@ -18,6 +18,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     DateTime,
+    Float,
     ForeignKey,
     Identity,
     Index,
@@ -216,4 +217,33 @@ mcp_tools = Table(
     Column("discovered_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     UniqueConstraint("server", "tool", "digest", name="mcp_tools_digest"),
     CheckConstraint("version > 0", name="mcp_tools_version_positive"),
+)
+
+# Keys of the HTTP API, one principal each. Only the SHA-256 of the secret is kept: the key
+# is shown once, when made. ``rate``/``burst`` override the API's default token bucket.
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", Text, primary_key=True),
+    Column("tenant_id", Text, nullable=False),
+    Column("user_id", Text, nullable=False),
+    Column("roles", ARRAY(Text), nullable=False),
+    Column("secret_hash", Text, nullable=False),
+    Column("rate", Float),
+    Column("burst", Integer),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("revoked_at", DateTime(timezone=True)),
+    CheckConstraint("rate IS NULL OR rate > 0", name="api_keys_rate_positive"),
+    CheckConstraint("burst IS NULL OR burst >= 1", name="api_keys_burst_positive"),
+)
+
+# POST /v1/turns under an Idempotency-Key: the first request's answer, replayed to a repeat.
+api_idempotency = Table(
+    "api_idempotency",
+    metadata,
+    Column("key_id", Text, ForeignKey("callgate.api_keys.key_id"), primary_key=True),
+    Column("idempotency_key", Text, primary_key=True),
+    Column("request_hash", Text, nullable=False),
+    Column("response", JSONB),
+    Column("claimed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )

@@ -94,8 +94,13 @@ class Settings:
     turn_call_budget: int = 32
     conversation_call_budget: int = 256
     max_dispatches: int = 10
+    # A delivery's retry budget for its handler: attempts, and seconds of retrying.
+    retry_attempts: int = 3
+    retry_budget_seconds: float = 10.0
     worker_concurrency: int = 8
     worker_grace_seconds: float = 30.0
+    # Each worker process also sweeps, on a thread: recovery does not hang on one process.
+    worker_sweep: bool = True
     # ``module:attribute`` of the tool registry and the allowlist override; loaded (and
     # required) only by the processes that run or plan tools: workers and producers.
     tools: str | None = None
@@ -133,10 +138,13 @@ class Settings:
             turn_call_budget=_int(env, "CALLGATE_TURN_CALL_BUDGET", 32, minimum=1),
             conversation_call_budget=_int(env, "CALLGATE_CONVERSATION_CALL_BUDGET", 256, minimum=1),
             max_dispatches=_int(env, "CALLGATE_MAX_DISPATCHES", 10, minimum=1),
+            retry_attempts=_int(env, "CALLGATE_RETRY_ATTEMPTS", 3, minimum=1, maximum=100),
+            retry_budget_seconds=_float(env, "CALLGATE_RETRY_BUDGET_SECONDS", 10.0, minimum=0),
             worker_concurrency=_int(
                 env, "CALLGATE_WORKER_CONCURRENCY", 8, minimum=1, maximum=MAX_WORKER_CONCURRENCY
             ),
             worker_grace_seconds=_float(env, "CALLGATE_WORKER_GRACE_SECONDS", 30.0, minimum=0),
+            worker_sweep=_bool(env, "CALLGATE_WORKER_SWEEP") is not False,
             tools=env.get("CALLGATE_TOOLS") or None,
             allowlist=env.get("CALLGATE_ALLOWLIST") or None,
             max_call_bytes=_int(

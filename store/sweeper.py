@@ -17,6 +17,18 @@ took the jobs, so a sweep while Redis is down changes nothing and the next one t
 Re-dispatch is safe: the reservation CAS lets one delivery run and the others count as
 duplicates.
 
+Faster than ``stale_seconds``, two kinds of loss are noticed from Redis (``recover_lost``):
+- a worker whose liveness key expired (it died, or stalled for seconds): the calls it had
+  taken off the queue are dispatched again at once. Those it had reserved are left to their
+  leases, which alone decide who may run a reserved call; fencing keeps a stalled owner that
+  wakes up harmless;
+- Redis that lost its data (FLUSHALL, a restart without persistence), noticed by its epoch
+  key being gone: every open call nobody holds is dispatched again.
+
+Every worker process sweeps too (on a thread, ``CALLGATE_WORKER_SWEEP``), so recovery does
+not depend on the sweeper process; several sweepers at once are safe (``SKIP LOCKED``, and a
+duplicate dispatch is only counted).
+
 A call dispatched ``max_dispatches`` times that is still open (a job that kills its worker
 every time, a completion that can never commit) is not dispatched again: it ends with
 ``delivery_exhausted``, or ``reconciliation_pending`` if it is a write whose operation was
@@ -26,11 +38,13 @@ started, since that write may have applied.
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import redis
 from rq import Queue
 from sqlalchemy import Connection, Engine, text
 
@@ -81,6 +95,28 @@ UPDATE callgate.calls
    SET dispatched_at = now(), dispatches = dispatches + 1,
        state = CASE WHEN state = 'awaiting_approval' THEN 'proposed' ELSE state END
  WHERE id = ANY(:refs)
+"""
+
+# Open calls nobody holds among ``refs`` (the calls a dead worker had taken) or, without
+# ``refs``, every one dispatched before ``since`` (the moment Redis was found empty). An
+# operation in progress is left out: its lease decides who runs it (the lease clause of
+# DUE_SQL brings it back once the lease expired). A call out of dispatches is left to
+# DUE_SQL, which ends it.
+LOST_SQL = """
+SELECT c.id
+  FROM callgate.calls AS c
+  JOIN callgate.operations AS op USING (operation_id)
+  LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
+ WHERE c.state IN ('proposed', 'started')
+   AND (CAST(:refs AS uuid[]) IS NULL OR c.id = ANY(CAST(:refs AS uuid[])))
+   AND (CAST(:since AS timestamptz) IS NULL
+        OR c.dispatched_at IS NULL OR c.dispatched_at < CAST(:since AS timestamptz))
+   AND op.state <> 'in_progress'
+   AND (prev.id IS NULL OR prev.state IN ('succeeded', 'failed_retryable', 'failed_terminal'))
+   AND c.dispatches < :max_dispatches
+ ORDER BY c.dispatched_at NULLS FIRST
+ LIMIT :batch
+   FOR UPDATE OF c SKIP LOCKED
 """
 
 
@@ -199,6 +235,131 @@ def _error(code: ErrorCode, message: str) -> dict[str, Any]:
     return {"code": code.value, "details": [{"code": code.value, "message": message}]}
 
 
+def _redispatch_lost(
+    engine: Engine,
+    queue: Queue,
+    *,
+    refs: list[uuid.UUID] | None,
+    since: Any,
+    job_timeout: float,
+    max_dispatches: int,
+    reason: str,
+    batch: int = 500,
+) -> list[uuid.UUID]:
+    """Mark and enqueue lost calls (see LOST_SQL), batch by batch, each batch in one
+    transaction that commits only once Redis took its jobs."""
+    done: list[uuid.UUID] = []
+    while True:
+        with engine.begin() as conn:
+            again = [
+                r.id
+                for r in conn.execute(
+                    text(LOST_SQL),
+                    {
+                        "refs": refs,
+                        "since": since,
+                        "max_dispatches": max_dispatches,
+                        "batch": batch,
+                    },
+                )
+            ]
+            if again:
+                conn.execute(text(MARK_SQL), {"refs": again})
+                transport.enqueue_calls(queue, again, timeout=job_timeout)
+        for _ in again:
+            metrics.redispatched(reason)
+        done.extend(again)
+        # A marked call has dispatched_at = now() >= since: the next batch skips it. With
+        # refs, one batch holds them all (a taken hash holds at most a worker's slots).
+        if len(again) < batch or refs is not None:
+            return done
+
+
+def recover_lost(
+    engine: Engine,
+    queue: Queue,
+    *,
+    job_timeout: float,
+    max_dispatches: int,
+) -> list[uuid.UUID]:
+    """Dispatch again, without waiting for ``stale_seconds``, the calls Redis lost and the
+    calls taken by workers whose liveness key expired. Returns the calls dispatched."""
+    conn: redis.Redis = queue.connection
+    name = queue.name
+    dispatched: list[uuid.UUID] = []
+    epoch = transport.epoch_key(name)
+    if conn.set(epoch, uuid.uuid4().hex, nx=True):
+        # The key was missing: Redis lost its data (or this queue never had a sweeper). Every
+        # job enqueued before now may be lost; Postgres' clock read after the loss was seen
+        # covers them all (and a few jobs enqueued since, which are only duplicates). It is
+        # read once: the calls marked meanwhile are dispatched after it, so batches end.
+        try:
+            with db.autocommit(engine) as pg:
+                since = pg.execute(text("SELECT now()")).scalar_one()
+            lost = _redispatch_lost(
+                engine,
+                queue,
+                refs=None,
+                since=since,
+                job_timeout=job_timeout,
+                max_dispatches=max_dispatches,
+                reason="redis_lost",
+            )
+        except Exception:
+            conn.delete(epoch)  # let the next sweep (of any process) try again
+            raise
+        if lost:
+            log.warning("Redis lost its data: re-dispatched %d open call(s)", len(lost))
+        dispatched.extend(lost)
+    members: set[bytes] = conn.smembers(transport.workers_key(name))  # type: ignore[assignment]
+    for raw in members:
+        worker = raw.decode()
+        if conn.exists(transport.liveness_key(name, worker)):
+            continue
+        # Only the sweeper that removes the worker from the list recovers its calls.
+        if not conn.srem(transport.workers_key(name), worker):
+            continue
+        try:
+            dispatched.extend(_recover_worker(engine, queue, worker, job_timeout, max_dispatches))
+        except Exception:
+            conn.sadd(transport.workers_key(name), worker)  # the next sweep tries again
+            raise
+    return dispatched
+
+
+def _recover_worker(
+    engine: Engine, queue: Queue, worker: str, job_timeout: float, max_dispatches: int
+) -> list[uuid.UUID]:
+    conn: redis.Redis = queue.connection
+    name = queue.name
+    # Jobs it had moved to wait on but not yet taken go back to the queue as they are.
+    conn.register_script(transport.RETURN_TAKING_LUA)(
+        keys=[queue.key, transport.taking_key(name, worker)]
+    )
+    taken_key = transport.taken_key(name, worker)
+    taken: dict[bytes, bytes] = conn.hgetall(taken_key)  # type: ignore[assignment]
+    refs = [r for r in (transport.call_ref(data) for data in taken.values()) if r is not None]
+    again: list[uuid.UUID] = []
+    if refs:
+        again = _redispatch_lost(
+            engine,
+            queue,
+            refs=refs,
+            since=None,
+            job_timeout=job_timeout,
+            max_dispatches=max_dispatches,
+            reason="worker_lost",
+        )
+    conn.delete(taken_key)
+    log.warning(
+        "worker %s stopped beating: re-dispatched %d of the %d call(s) it had taken",
+        worker,
+        len(again),
+        len(refs),
+    )
+    return again
+
+
 def run(
     engine: Engine,
     queue: Queue,
@@ -208,9 +369,19 @@ def run(
     job_timeout: float,
     max_dispatches: int,
     stop: threading.Event | None = None,
+    jitter: float = 0.0,
 ) -> None:
+    """Sweep every ``interval`` seconds until ``stop``. With ``jitter`` (a fraction), the
+    first sweep waits a random part of an interval and each wait varies by that fraction, so
+    the sweepers of a fleet of workers started together do not sweep in lockstep."""
     stop = stop or threading.Event()
+    if jitter:
+        stop.wait(random.uniform(0, interval))
     while not stop.is_set():
+        try:
+            recover_lost(engine, queue, job_timeout=job_timeout, max_dispatches=max_dispatches)
+        except Exception as exc:  # retried on the next tick
+            log.warning("sweeper: %s", exc)
         try:
             sweep_once(
                 engine,
@@ -221,4 +392,4 @@ def run(
             )
         except Exception as exc:  # a sweep that fails is retried on the next tick
             log.warning("sweeper: %s", exc)
-        stop.wait(interval)
+        stop.wait(interval * random.uniform(1 - jitter, 1 + jitter))

@@ -13,7 +13,10 @@ TRACE_SQL = """
 SELECT e.at, c.call_id, c.tool_name, e.operation_id, e.event, e.generation, e.detail
   FROM callgate.trace_events AS e
   LEFT JOIN callgate.calls AS c ON c.id = e.call_ref
- WHERE e.turn_id = :id OR e.call_ref = :id
+ WHERE (e.turn_id = :id OR e.call_ref = :id)
+   AND (CAST(:tenant AS text) IS NULL
+        OR EXISTS (SELECT 1 FROM callgate.turns AS t
+                    WHERE t.turn_id = e.turn_id AND t.tenant_id = :tenant))
  ORDER BY e.at, e.id
 """
 
@@ -23,17 +26,21 @@ SELECT e.at, c.call_id, c.tool_name, e.operation_id, e.event, e.generation, e.de
   FROM callgate.calls AS c
   JOIN callgate.trace_events AS e ON e.call_ref = c.id
  WHERE c.call_id = :call_id
+   AND (CAST(:tenant AS text) IS NULL
+        OR EXISTS (SELECT 1 FROM callgate.turns AS t
+                    WHERE t.turn_id = c.turn_id AND t.tenant_id = :tenant))
  ORDER BY e.at, e.id
 """
 
 
-def events(engine: Engine, turn_or_call: str) -> list[dict[str, Any]]:
-    """Events of a turn (its id), or of a call (its ref, or the provider's call id)."""
+def events(engine: Engine, turn_or_call: str, *, tenant: str | None = None) -> list[dict[str, Any]]:
+    """Events of a turn (its id), or of a call (its ref, or the provider's call id); with
+    ``tenant``, only that tenant's (another tenant's answer like a missing one)."""
     params: dict[str, Any]
     try:
-        query, params = TRACE_SQL, {"id": uuid.UUID(turn_or_call)}
+        query, params = TRACE_SQL, {"id": uuid.UUID(turn_or_call), "tenant": tenant}
     except ValueError:
-        query, params = BY_CALL_ID_SQL, {"call_id": turn_or_call}
+        query, params = BY_CALL_ID_SQL, {"call_id": turn_or_call, "tenant": tenant}
     with engine.connect() as conn:
         rows = conn.execute(text(query), params).mappings().all()
     if not rows:

@@ -6,7 +6,10 @@ payload on Redis is a committed result on its way to fan-in, and Postgres holds 
 
 from __future__ import annotations
 
+import json
+import logging
 import uuid
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -17,6 +20,8 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from callgate.store.errors import ConfigurationError, ErrorCode, ServiceUnavailable
+
+log = logging.getLogger("callgate.transport")
 
 JOB_FUNCTION = "callgate.worker.jobs.run_call"
 RESULT_STREAM_TTL_SECONDS = 24 * 3600
@@ -47,6 +52,11 @@ def published_marks(stream: str) -> str:
     sets each with HSETNX in its publish pipeline, so a row published again (its relayer
     died between publish and mark) is seen, and counted, as a re-publish."""
     return f"{stream}:published"
+
+
+def api_bucket(queue: str, key_id: str) -> str:
+    """The HTTP API's rate-limit token bucket of one API key."""
+    return f"callgate:{queue}:api:bucket:{key_id}"
 
 
 def job_queue(connection: redis.Redis, name: str) -> Queue:
@@ -81,3 +91,90 @@ def translate_errors(what: str) -> Iterator[None]:
         raise ServiceUnavailable(
             f"{what}: cannot reach Redis ({exc})", code=ErrorCode.REDIS_UNAVAILABLE
         ) from exc
+
+
+# --- who holds which job: worker liveness and the calls each worker took ------------------
+#
+# A worker takes jobs off the queue and deletes them, so once taken a call lives only in the
+# worker's memory until it reserves its operation in Postgres (then the lease speaks for it).
+# To notice quickly that a worker died in between, each worker
+# - keeps ``liveness_key`` alive (a key with a TTL it refreshes every second or so), and is
+#   listed in ``workers_key``;
+# - moves each job it takes, in the same atomic step, into its ``taken_key`` hash (job id ->
+#   job data), and removes it there once the delivery returned.
+# A sweeper that finds a listed worker without its liveness key dispatches that worker's
+# taken calls again from Postgres (the reservation CAS makes any duplicate harmless).
+# A whole Redis that lost its data (FLUSHALL, a restart without persistence) is noticed by
+# ``epoch_key`` disappearing: every unreserved open call is then dispatched again.
+
+LIVENESS_TTL_SECONDS = 5.0
+LIVENESS_BEAT_SECONDS = 1.0
+
+
+def workers_key(queue: str) -> str:
+    return f"callgate:{queue}:workers"
+
+
+def liveness_key(queue: str, worker: str) -> str:
+    return f"callgate:{queue}:worker:{worker}:alive"
+
+
+def taken_key(queue: str, worker: str) -> str:
+    return f"callgate:{queue}:worker:{worker}:taken"
+
+
+def taking_key(queue: str, worker: str) -> str:
+    """The list BLMOVE puts a job id in while the worker waits for work (see ``TAKE_LUA``)."""
+    return f"callgate:{queue}:worker:{worker}:taking"
+
+
+def epoch_key(queue: str) -> str:
+    return f"callgate:{queue}:epoch"
+
+
+# KEYS: queue list, taking list, taken hash. ARGV: count, job key prefix, then the job ids
+# whose deliveries returned (removed from the taken hash). Returns [job id, data, ...].
+# Atomic: a job is either still queued (or in the taking list) or recorded as taken by this
+# worker; there is no moment where only the worker's memory holds it.
+TAKE_LUA = """
+for i = 3, #ARGV do redis.call('HDEL', KEYS[3], ARGV[i]) end
+local count = tonumber(ARGV[1])
+local ids = redis.call('LRANGE', KEYS[2], 0, -1)
+redis.call('DEL', KEYS[2])
+if #ids < count then
+  local popped = redis.call('LPOP', KEYS[1], count - #ids)
+  if popped then for _, id in ipairs(popped) do table.insert(ids, id) end end
+end
+local out = {}
+for _, id in ipairs(ids) do
+  local key = ARGV[2] .. id
+  local data = redis.call('HGET', key, 'data')
+  redis.call('DEL', key)
+  if data then
+    redis.call('HSET', KEYS[3], id, data)
+    table.insert(out, id)
+    table.insert(out, data)
+  end
+end
+return out
+"""
+
+# KEYS: queue list, taking list. Puts back jobs a dead worker had moved but not yet taken.
+RETURN_TAKING_LUA = """
+local ids = redis.call('LRANGE', KEYS[2], 0, -1)
+for _, id in ipairs(ids) do redis.call('RPUSH', KEYS[1], id) end
+redis.call('DEL', KEYS[2])
+return #ids
+"""
+
+
+def call_ref(data: bytes | None) -> uuid.UUID | None:
+    """The call ref an RQ job carries: ``(function, instance, [ref], {})``, JSON, zlib."""
+    if data is None:  # the job's hash is gone (Redis flushed, or another copy took it)
+        return None
+    try:
+        _func, _instance, args, _kwargs = json.loads(zlib.decompress(data))
+        return uuid.UUID(args[0])
+    except (zlib.error, ValueError, TypeError, IndexError) as exc:
+        log.warning("dropped a job that carries no call ref: %s", exc)
+        return None

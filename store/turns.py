@@ -86,6 +86,8 @@ def record(
     context: CallContext,
     planned: Sequence[PlannedCall],
     decide: Decide | None = None,
+    *,
+    turn_id: uuid.UUID | None = None,
 ) -> tuple[uuid.UUID, list[PlannedCall]]:
     """Turn, operations and calls in one transaction: all of it is recorded, or none.
 
@@ -236,6 +238,13 @@ class TurnState:
     age_seconds: float | None = None
 
 
+def exists(engine: Engine, turn_id: uuid.UUID) -> bool:
+    """Whether turn ``turn_id`` is recorded (committed)."""
+    with db.autocommit(engine) as conn:
+        found = conn.execute(select(turns.c.turn_id).where(turns.c.turn_id == turn_id)).first()
+    return found is not None
+
+
 def load_state(engine: Engine, turn_id: str) -> TurnState:
     """The turn's proposal set and whatever results Postgres already holds."""
     try:
@@ -289,3 +298,31 @@ def operation_rows(engine: Engine, operation_ids: Sequence[str]) -> list[dict[st
 def _tool_and_hash(joined: str) -> tuple[str, str]:
     tool, _, args_hash = joined.rpartition(":")  # the hash is hex: the last ':' splits
     return tool, args_hash
+
+
+def owner(engine: Engine, turn_id: str) -> tuple[str, str] | None:
+    """(tenant, user) a turn was submitted for, or None for a turn that does not exist."""
+    try:
+        tid = uuid.UUID(turn_id)
+    except ValueError:
+        return None
+    with db.autocommit(engine) as conn:
+        row = conn.execute(
+            select(turns.c.tenant_id, turns.c.user_id).where(turns.c.turn_id == tid)
+        ).first()
+    return None if row is None else (row.tenant_id, row.user_id)
+
+
+def calls_of_approval(engine: Engine, approval_id: str) -> list[dict[str, Any]]:
+    """The calls parked on (or resumed from) one approval request: id, state and result."""
+    try:
+        ident = uuid.UUID(approval_id)
+    except ValueError:
+        return []
+    with db.autocommit(engine) as conn:
+        rows = conn.execute(
+            select(calls.c.call_id, calls.c.tool_name, calls.c.state, calls.c.result)
+            .where(calls.c.approval_id == ident)
+            .order_by(calls.c.created_at)
+        ).mappings()
+        return [dict(r) for r in rows]

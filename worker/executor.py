@@ -13,19 +13,23 @@ trusts RQ to deliver once.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
 from tenacity import (
+    RetryCallState,
     Retrying,
     retry_if_exception,
     stop_after_attempt,
+    stop_before_delay,
     wait_exponential,
+    wait_random,
 )
 
 from callgate.store import approvals, calls, db, metrics, reservations, transport
@@ -37,6 +41,7 @@ from callgate.store.errors import (
     ToolError,
     UnstorableValue,
 )
+from callgate.store.settings import Settings
 from callgate.store.turns import RAW_ARGUMENTS
 from callgate.store.types import TERMINAL_STATES
 from callgate.worker import aio, events, gate, redaction, results
@@ -47,8 +52,14 @@ from callgate.worker.runtime import Runtime
 
 log = logging.getLogger("callgate.worker")
 
-HANDLER_ATTEMPTS = 3
+_T = TypeVar("_T")
+
 SETTLE_ATTEMPTS = 3
+# Between two attempts of a handler: exponential back-off (0.1 s, 0.2 s, 0.4 s, … at most 2 s)
+# plus up to 0.1 s of jitter, so calls that failed together do not retry together; never less
+# than the downstream's own retry_after_ms. The attempts and the time they may take are the
+# call's retry budget (CALLGATE_RETRY_ATTEMPTS, CALLGATE_RETRY_BUDGET_SECONDS).
+BACKOFF = wait_exponential(multiplier=0.1, max=2) + wait_random(0, 0.1)
 
 
 class _Delivery:
@@ -90,6 +101,16 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
     metrics.queue_waited(call.queue_wait_seconds)
     try:
         return events.delivered(call, d.tool, _deliver(d))
+    except _LeaseLetGo as let_go:
+        log.warning(
+            "call %s: the downstream stayed unreachable (%s); its lease is let go, and the "
+            "call is taken over and sent again with the same key",
+            call.call_id,
+            let_go.cause,
+        )
+        with contextlib.suppress(Exception):  # PostgreSQL may be what is unreachable
+            d.trace("lease_let_go", reason=type(let_go.cause).__name__)
+        return "lease_let_go"
     except (ServiceUnavailable, UnstorableValue):
         raise
     except Exception as exc:
@@ -154,7 +175,7 @@ def _deliver(d: _Delivery) -> str:
             return _run(d, tool, args, key, admitted, facts)
 
     try:
-        facts = _resolve(tool, args, principal)
+        facts = _resolve(tool, args, principal, d.rt.settings)
     except ToolError as err:
         d.verdicts["business"] = err.code.value
         return _reject(d, err)
@@ -202,12 +223,13 @@ def _check_call(d: _Delivery) -> tuple[Tool, Arguments]:
     return tool, args
 
 
-def _resolve(tool: Tool, args: Arguments, principal: Principal) -> Facts:
+def _resolve(tool: Tool, args: Arguments, principal: Principal, settings: Settings) -> Facts:
     """The status lookup behind the intent and the business and authorization layers."""
     if tool.resolve is None:
         return Facts()
+    resolve = tool.resolve
     try:
-        return tool.resolve(args, principal)
+        return _read(lambda: resolve(args, principal), settings)
     except ToolError:
         raise
     except Exception as exc:  # the lookup's service failed; the same call may work later
@@ -310,17 +332,8 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
     detail["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
     metrics.executed(tool.name, time.monotonic() - started)
     d.audit = detail
-    status = _complete(d, lease, outcome)
-    if status in TERMINAL_STATES:
-        log.info(
-            "call %s %s gen=%d %s in %.0f ms",
-            call.call_id,
-            tool.name,
-            reserved.generation,
-            status,
-            detail["duration_ms"],
-        )
-    return status
+    # The completion's own log record is written by ``events.completed`` (one per state change).
+    return _complete(d, lease, outcome)
 
 
 def _handle(
@@ -333,7 +346,14 @@ def _handle(
 ) -> _Outcome:
     """Run the handler and classify what happened. ``StaleFence`` propagates."""
     try:
-        raw = _run_handler(tool, args, ctx, heartbeat)
+        raw = _run_handler(
+            tool,
+            args,
+            ctx,
+            heartbeat,
+            attempts=d.rt.settings.retry_attempts,
+            budget_seconds=d.rt.settings.retry_budget_seconds,
+        )
     except StaleFence:
         raise
     except ToolError as err:
@@ -343,7 +363,20 @@ def _handle(
             settled = _settle(d, tool, args, ctx, detail, "the write may have applied")
             return settled or _Outcome(_status(err), _error(err))
         return _Outcome(_status(err), _error(err))
-    except Exception:  # a handler bug, a job timeout: never leak its text to the model
+    except Exception as exc:  # a handler bug, a job timeout: never leak its text to the model
+        if transient_failure(exc) and _safe_to_repeat(tool):
+            if tool.kind == "write":
+                # A dropped connection to the downstream (a database restart, a terminated
+                # backend, a reset socket) with the retry budget spent. The write may have
+                # applied, but its downstream replays the key (or it is idempotent): it is
+                # re-sent, never sent to reconciliation. This delivery stops renewing its
+                # lease; once the lease expires a sweeper dispatches the call again and the
+                # new owner sends it with the same key and a larger fence.
+                raise _LeaseLetGo(exc) from exc
+            log.warning("handler %s: the downstream is unreachable: %s", tool.name, exc)
+            return _failed_retryable(
+                ErrorCode.UPSTREAM_UNAVAILABLE, "the downstream is unreachable"
+            )
         log.exception("handler %s failed", tool.name)
         failed = _failed(ErrorCode.EXECUTION_FAILED, "the tool failed")
         if tool.kind == "read":
@@ -381,8 +414,9 @@ def _settle(
     Without a lookup, or if the lookup cannot tell, a person reconciles it."""
     if tool.lookup is None:
         return _reconciliation(why)
+    lookup = tool.lookup
     try:
-        found = tool.lookup(args, ctx)
+        found = _read(lambda: lookup(args, ctx), d.rt.settings)
     except Exception:
         log.exception("status lookup of %s failed", tool.name)
         d.verdicts["lookup"] = "unknown"
@@ -397,6 +431,19 @@ class _Outcome:
 
     status: str
     payload: dict[str, Any]
+
+
+class _LeaseLetGo(Exception):
+    """A repeat-safe write met a transient failure beyond its retry budget: end this
+    delivery without an outcome and let the lease lapse (see ``_handle``)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _failed_retryable(code: ErrorCode, message: str) -> _Outcome:
+    return _Outcome("failed_retryable", results.safe_error(code.value, [{"message": message}]))
 
 
 def _reconciliation(message: str) -> _Outcome:
@@ -542,26 +589,67 @@ def _reuse(d: _Delivery, intent: str) -> str:
     return "reused" if finished.finished else "duplicate_delivery"
 
 
+def transient_failure(exc: BaseException) -> bool:
+    """A failure of the handler's connection to its downstream that the next attempt may
+    not meet: a dropped or terminated database connection (PostgreSQL's ``AdminShutdown``),
+    a refused or reset socket, a timeout. Not a refusal, not a bug."""
+    return db.is_connection_failure(exc) or isinstance(exc, ConnectionError | TimeoutError)
+
+
+def may_retry(tool: Tool, exc: BaseException) -> bool:
+    """May a failed attempt be made again with the same key and fence? A retryable refusal
+    or a transient failure, and only where a repeat cannot apply the write twice: a read, a
+    repeat-safe write, or a refusal the handler says did not apply. A stale fence never."""
+    if isinstance(exc, StaleFence):
+        return False
+    if isinstance(exc, ToolError):
+        return exc.retryable and (_safe_to_repeat(tool) or exc.applied is False)
+    return transient_failure(exc) and _safe_to_repeat(tool)
+
+
+def _read(read: Callable[[], _T], settings: Settings) -> _T:
+    """A status lookup, again after a dropped connection within the retry budget: it only
+    reads, so a repeat changes nothing (a terminated backend must not refuse a call)."""
+    retrying = Retrying(
+        stop=stop_after_attempt(settings.retry_attempts)
+        | stop_before_delay(settings.retry_budget_seconds),
+        wait=_wait,
+        retry=retry_if_exception(transient_failure),
+        reraise=True,
+    )
+    return retrying(read)
+
+
+def retry_delay(backoff: float, retry_after_ms: int | None) -> float:
+    """The wait before the next attempt: the back-off, or the downstream's hint if longer."""
+    if retry_after_ms is None or retry_after_ms <= 0:
+        return backoff
+    return max(backoff, retry_after_ms / 1000)
+
+
+def _wait(state: RetryCallState) -> float:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    return retry_delay(BACKOFF(state), getattr(exc, "retry_after_ms", None))
+
+
 def _run_handler(
-    tool: Tool, args: Arguments, ctx: ExecutionContext, heartbeat: Heartbeat
+    tool: Tool,
+    args: Arguments,
+    ctx: ExecutionContext,
+    heartbeat: Heartbeat,
+    *,
+    attempts: int,
+    budget_seconds: float,
 ) -> dict[str, Any]:
-    """Retry retryable failures with the same key and fence, while the lease holds, and
-    only where a repeat cannot apply the write twice."""
+    """Retry what ``may_retry`` allows with the same key and fence, while the lease holds,
+    within the call's budget: at most ``attempts`` attempts, and no wait that would end past
+    ``budget_seconds`` after the first attempt started."""
     retrying = Retrying(
         before=lambda _: metrics.handler_invoked(tool.name, tool.kind),  # every attempt
         before_sleep=lambda _: metrics.retry(tool.name),
-        stop=stop_after_attempt(HANDLER_ATTEMPTS),
-        wait=wait_exponential(multiplier=0.1, max=2),
-        retry=retry_if_exception(
-            lambda e: (
-                isinstance(e, ToolError)
-                and not isinstance(e, StaleFence)
-                and e.retryable
-                # a write that may have applied is sent again only where that is safe
-                and (_safe_to_repeat(tool) or e.applied is False)
-                and not heartbeat.expired()
-            )
-        ),
+        stop=stop_after_attempt(attempts) | stop_before_delay(budget_seconds),
+        wait=_wait,
+        retry=retry_if_exception(lambda e: may_retry(tool, e) and not heartbeat.expired()),
         reraise=True,
     )
     result: dict[str, Any] = retrying(aio.call, tool.handler, args, ctx)
@@ -591,7 +679,11 @@ def _status(err: CallgateError) -> str:
 
 
 def _error(err: CallgateError) -> dict[str, Any]:
-    return results.safe_error(err.code.value, err.details)
+    error = results.safe_error(err.code.value, err.details)
+    hint = getattr(err, "retry_after_ms", None)
+    if err.retryable and isinstance(hint, int) and hint > 0:
+        error["retry_after_ms"] = hint  # the downstream's hint, passed on to the model
+    return error
 
 
 def _refusal(err: CallgateError, d: _Delivery) -> dict[str, Any]:

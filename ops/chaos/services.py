@@ -50,7 +50,8 @@ def redis_binary() -> str | None:
     return str(bundled) if bundled and Path(str(bundled)).exists() else None
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nothing listens on now."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -61,7 +62,7 @@ class OwnedRedis:
     """A redis-server process the runner started, and may flush, kill and start again."""
 
     binary: str
-    port: int = field(default_factory=_free_port)
+    port: int = field(default_factory=free_port)
     proc: subprocess.Popen[bytes] | None = None
     workdir: str = field(default_factory=lambda: tempfile.mkdtemp(prefix="callgate-chaos-"))
 

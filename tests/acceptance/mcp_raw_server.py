@@ -5,24 +5,33 @@ real SDK server never makes. Its tools (all read-only):
 - ``invalid``: a JSON-RPC error ``-32602`` (invalid params);
 - ``broken``: a JSON-RPC error ``-32603`` (internal error);
 - ``garbled``: a result whose ``content`` is not a list;
-- ``fine``: a normal result.
+- ``fine``: a normal result;
+- ``mismatch_write``: a write (not read-only, not destructive, not idempotent) answered under
+  another request id; each request it receives is appended to ``RAW_RECORD_FILE`` when set.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
 TOOLS = ["mismatch", "invalid", "broken", "garbled", "fine"]
+WRITES = ["mismatch_write"]
 
 
 def tool(name: str) -> dict[str, Any]:
+    annotations = (
+        {"readOnlyHint": False, "destructiveHint": False, "idempotentHint": False}
+        if name in WRITES
+        else {"readOnlyHint": True}
+    )
     return {
         "name": name,
         "description": f"{name} (misbehaves on purpose)",
         "inputSchema": {"type": "object", "properties": {}},
-        "annotations": {"readOnlyHint": True},
+        "annotations": annotations,
     }
 
 
@@ -41,11 +50,15 @@ def answer(request: dict[str, Any]) -> dict[str, Any] | None:
             },
         }
     if method == "tools/list":
-        return {"jsonrpc": "2.0", "id": rid, "result": {"tools": [tool(t) for t in TOOLS]}}
+        return {"jsonrpc": "2.0", "id": rid, "result": {"tools": [tool(t) for t in TOOLS + WRITES]}}
     if method != "tools/call":
         return {"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "no"}}
     name = request["params"]["name"]
-    if name == "mismatch":
+    record = os.environ.get("RAW_RECORD_FILE")
+    if record:
+        with open(record, "a") as f:
+            f.write(json.dumps({"tool": name, "id": rid}) + "\n")
+    if name in ("mismatch", "mismatch_write"):
         return {"jsonrpc": "2.0", "id": f"{rid}-other", "result": {"content": []}}
     if name == "invalid":
         return {"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": "bad params"}}

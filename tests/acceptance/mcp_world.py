@@ -23,6 +23,7 @@ class World:
     root: Path
     config: Path
     record: Path
+    raw_record: Path
     schema: Path
     notes: Path
     repo: Path
@@ -45,6 +46,7 @@ def make_world(
         root=root,
         config=root / "mcp.json",
         record=root / "received.jsonl",
+        raw_record=root / "raw-received.jsonl",
         schema=root / "echo-schema.json",
         notes=root / "notes.txt",
         repo=root / "repo",
@@ -69,6 +71,7 @@ def make_world(
             "raw": {
                 "command": sys.executable,
                 "args": [str(HERE / "mcp_raw_server.py")],
+                "env": {"RAW_RECORD_FILE": str(world.raw_record)},
                 "roles": list(roles),
                 "timeout": 5,
             },

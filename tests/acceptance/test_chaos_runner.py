@@ -10,8 +10,6 @@ import subprocess
 import sys
 from typing import Any
 
-import pytest
-
 from tests.conftest import ADMIN_URL, REDIS_URL
 
 SEED = "7"
@@ -179,27 +177,13 @@ def test_downstream_outage_refuses_before_applying() -> None:
 # --- what the self-healing work must fix (reported as failing today) ---------------------
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="no other process sweeps once the sweeper is gone: the crash-gap call stays open",
-)
 def test_sweeper_killed_loses_nothing() -> None:
     passed("sweeper-killed")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the producer's pooled connection was terminated: collect raises "
-    "database_unavailable instead of reconnecting",
-)
 def test_postgres_backends_terminated_mid_run_lose_nothing() -> None:
     passed("postgres-terminate")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="every call recovers, but the producer's pooled connection died with the server: "
-    "collect raises database_unavailable instead of reconnecting",
-)
 def test_embedded_postgres_restarted_mid_run_loses_nothing() -> None:
     passed("postgres-restart", embedded=True)

@@ -18,17 +18,12 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
 
+from callgate.ops.chaos.services import free_port
 from callgate.store.settings import Settings
 from callgate.worker import aio, registry
 from callgate.worker.mcp import hub
 from callgate.worker.registry import ExecutionContext
 from tests.acceptance.mcp_world import HERE
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _wait_for_port(port: int, timeout: float = 30.0) -> None:
@@ -43,7 +38,7 @@ def _wait_for_port(port: int, timeout: float = 30.0) -> None:
 
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[tuple[int, Path]]:
-    port = _free_port()
+    port = free_port()
     record = tmp_path / "received.jsonl"
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "mcp_recording_server.py"), "--http", str(port)],
@@ -105,7 +100,7 @@ def test_an_http_server_s_tools_are_discovered_and_called(
 def test_the_gateway_over_http_lists_the_principal_s_tools(
     service_env: dict[str, str], tmp_path: Path
 ) -> None:
-    port = _free_port()
+    port = free_port()
     context = tmp_path / "ctx.json"
     context.write_text(
         json.dumps(

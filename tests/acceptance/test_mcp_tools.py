@@ -221,6 +221,29 @@ def test_protocol_errors_are_terminal_and_kept_apart_from_tool_errors(
         assert response["detail"]["id_matches"] is True
 
 
+def test_a_write_answered_under_another_id_is_never_sent_again(
+    mcp_producer: Producer, mcp_engine: Engine, world: World
+) -> None:
+    # The server may have applied the write, and its answer cannot say: a write that is not
+    # idempotent and has no status lookup waits for a person, sent exactly once.
+    ref, row = run(mcp_producer, mcp_engine, "raw__mismatch_write", {})
+    assert row["state"] == "failed_terminal", row
+    assert error_code(row) == "reconciliation_pending"
+    (request,) = trace_events(mcp_engine, ref, "mcp_request")
+    sent = [
+        json.loads(line)
+        for line in world.raw_record.read_text().splitlines()
+        if json.loads(line)["id"] == request["detail"]["jsonrpc_id"]
+    ]
+    assert len(sent) == 1
+    assert all(r["tool"] == "mismatch_write" for r in sent)
+    (response,) = trace_events(mcp_engine, ref, "mcp_response")
+    assert response["detail"]["id_matches"] is False
+    # Sent once in all: no other request of this tool reached the server for this call.
+    attempts = trace_events(mcp_engine, ref, "mcp_request")
+    assert len(attempts) == 1
+
+
 def test_a_hung_call_times_out_into_a_retryable_error(
     mcp_producer: Producer, mcp_engine: Engine
 ) -> None:

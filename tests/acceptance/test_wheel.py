@@ -83,6 +83,9 @@ def test_wheel_holds_one_callgate_namespace_and_its_type_marker(wheel: Path) -> 
         assert f"callgate/{module}/__init__.py" in names
     # Migrations are data the installed package needs at run time.
     assert any(n.startswith("callgate/store/migrations/versions/") for n in names)
+    # The approval console's page, script and style ship beside the API's code.
+    for static in ("console.html", "console.js", "console.css"):
+        assert f"callgate/producer/http/static/{static}" in names
 
 
 @pytest.mark.timeout(600)

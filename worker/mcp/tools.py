@@ -215,7 +215,8 @@ class _Invocation:
                 # The server may have applied the write; its answer cannot tell us. Only a
                 # status lookup or a repeat-safe write may go on from here.
                 raise ToolError(
-                    f"MCP server {self.server.name!r} answered with another request's id",
+                    f"MCP server {self.server.name!r} gave no usable answer to a write "
+                    f"({err.code}): {err.message}",
                     code=ErrorCode.UPSTREAM_UNAVAILABLE,
                 ) from None
             raise ToolError(err.message, code=err.code) from None
@@ -226,6 +227,7 @@ class _Invocation:
                 f"MCP tool {self.name} failed ({error.code})",
                 code=ErrorCode(error.code),
                 details=details,
+                retry_after_ms=error.retry_after_ms,
             )
         return self._checked_output(result.data)
 

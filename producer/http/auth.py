@@ -1,0 +1,137 @@
+"""Who a request acts for, how often it may, and the console's session and CSRF token.
+
+- ``Authorization: Bearer KEY``: the principal (tenant, user, roles) is read from the key's
+  row on every request (a revoked key is refused at once); nothing in a body names it.
+- Rate limit: a token bucket per key, kept in Redis and moved by one Lua script. Redis, so
+  every ``callgate api`` process behind a load balancer draws on the same bucket (a limit
+  per process would multiply with the processes), and the script makes read-refill-take
+  atomic on Redis' own clock. Losing Redis loses only the buckets (they refill full); it
+  never touches a guarantee, which all live in Postgres. While Redis is down, requests are
+  refused with ``redis_unavailable`` rather than let through unlimited.
+- The console's session is a signed cookie holding the key id, an expiry and a nonce,
+  never the key; HttpOnly, SameSite=Strict. Its CSRF token is an HMAC of the cookie, sent
+  back in the ``X-CSRF-Token`` header of every state-changing request.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+import time
+from dataclasses import dataclass
+
+import redis
+
+from callgate.store import transport
+from callgate.store.api_keys import Principal
+from callgate.store.errors import AccessError, ErrorCode
+
+# KEYS[1] the bucket; ARGV rate (tokens/s), burst. Returns {allowed, seconds to wait}.
+TOKEN_BUCKET_LUA = """
+local rate = tonumber(ARGV[1])
+local burst = tonumber(ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local state = redis.call('HMGET', KEYS[1], 'tokens', 'at')
+local tokens = tonumber(state[1]) or burst
+local at = tonumber(state[2]) or now
+tokens = math.min(burst, tokens + math.max(0, now - at) * rate)
+local allowed = 0
+local wait = 0
+if tokens >= 1 then
+  tokens = tokens - 1
+  allowed = 1
+else
+  wait = (1 - tokens) / rate
+end
+redis.call('HSET', KEYS[1], 'tokens', tostring(tokens), 'at', tostring(now))
+redis.call('EXPIRE', KEYS[1], math.ceil(burst / rate) + 1)
+return {allowed, tostring(wait)}
+"""
+
+
+def bearer_key(authorization: str | None) -> str:
+    """The key of an ``Authorization: Bearer KEY`` header; ``unauthenticated`` otherwise."""
+    if not authorization:
+        raise AccessError("send the API key as Authorization: Bearer KEY")
+    scheme, _, key = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        raise AccessError("send the API key as Authorization: Bearer KEY")
+    return key.strip()
+
+
+def require_approver(principal: Principal) -> None:
+    if not principal.approver:
+        raise AccessError(
+            f"deciding approvals needs a key with the approver role for {principal.tenant_id}",
+            code=ErrorCode.ROLE_REQUIRED,
+        )
+
+
+@dataclass
+class RateLimiter:
+    connection: redis.Redis
+    queue: str
+    rate: float
+    burst: int
+
+    def __post_init__(self) -> None:
+        self._script = self.connection.register_script(TOKEN_BUCKET_LUA)
+
+    def take(self, principal: Principal) -> None:
+        """Take one token of the key's bucket, or refuse with ``rate_limited``."""
+        rate = principal.rate or self.rate
+        burst = principal.burst or self.burst
+        with transport.translate_errors("rate limit"):
+            allowed, wait = self._script(
+                keys=[transport.api_bucket(self.queue, principal.key_id)], args=[rate, burst]
+            )
+        if not int(allowed):
+            seconds = float(wait)
+            raise AccessError(
+                f"key {principal.key_id} is over its rate ({rate:g}/s, burst {burst}); "
+                f"retry in {seconds:.1f}s",
+                code=ErrorCode.RATE_LIMITED,
+                retry_after=seconds,
+            )
+
+
+# --- console sessions --------------------------------------------------------------------
+
+SESSION_COOKIE = "callgate_session"
+
+
+def _sign(secret: bytes, message: str) -> str:
+    return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
+
+
+def new_session(secret: bytes, key_id: str, lifetime: float) -> str:
+    """A cookie value naming the key id (never the key), valid for ``lifetime`` seconds."""
+    body = f"{key_id}.{int(time.time() + lifetime)}.{secrets.token_hex(8)}"
+    return f"{body}.{_sign(secret, 'session|' + body)}"
+
+
+def session_key_id(secret: bytes, cookie: str | None) -> str:
+    """The key id of a valid, unexpired session cookie; ``unauthenticated`` otherwise."""
+    if not cookie:
+        raise AccessError("sign in with an approver's key")
+    body, _, signature = cookie.rpartition(".")
+    parts = body.split(".")
+    if len(parts) != 3 or not hmac.compare_digest(signature, _sign(secret, "session|" + body)):
+        raise AccessError("the session is not valid; sign in again")
+    key_id, expires, _nonce = parts
+    if not expires.isdigit() or int(expires) < time.time():
+        raise AccessError("the session expired; sign in again")
+    return key_id
+
+
+def csrf_token(secret: bytes, cookie: str) -> str:
+    return _sign(secret, "csrf|" + cookie)
+
+
+def check_csrf(secret: bytes, cookie: str | None, token: str | None) -> None:
+    if not cookie or not token or not hmac.compare_digest(token, csrf_token(secret, cookie)):
+        raise AccessError(
+            "missing or wrong X-CSRF-Token; reload the console", code=ErrorCode.CSRF_FAILED
+        )

@@ -1,0 +1,52 @@
+"""Settings of ``callgate api``, each an environment variable (docs/configuration.md)."""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, replace
+from typing import Self
+
+from callgate.store.errors import ConfigurationError
+from callgate.store.settings import MAX_PORT, _float, _int
+
+# A request body larger than this is refused before it is parsed (a turn is at most
+# CALLGATE_MAX_TURN_CALLS calls; no real one comes near this).
+MAX_BODY_BYTES = 16 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class ApiSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    # Token bucket per key: ``rate`` requests per second refill, at most ``burst`` at once.
+    rate: float = 10.0
+    burst: int = 20
+    # Longest ``wait`` of GET /v1/turns/{id}/results (each waiting request holds a thread).
+    max_wait: float = 30.0
+    # Signs console session cookies and CSRF tokens; random per process when unset.
+    session_secret: bytes = b""
+    session_seconds: float = 8 * 3600.0
+
+    @classmethod
+    def from_env(cls, env: dict[str, str]) -> Self:
+        secret = env.get("CALLGATE_API_SESSION_SECRET") or ""
+        if secret and len(secret) < 32:
+            raise ConfigurationError(
+                "CALLGATE_API_SESSION_SECRET must be at least 32 characters (random)"
+            )
+        return cls(
+            host=(env.get("CALLGATE_API_HOST") or "127.0.0.1").strip(),
+            port=_int(env, "CALLGATE_API_PORT", 8000, minimum=1, maximum=MAX_PORT),
+            rate=_float(env, "CALLGATE_API_RATE", 10.0, minimum=0.001),
+            burst=_int(env, "CALLGATE_API_BURST", 20, minimum=1),
+            max_wait=_float(env, "CALLGATE_API_MAX_WAIT", 30.0, minimum=0),
+            session_secret=secret.encode() or secrets.token_bytes(32),
+            session_seconds=_float(env, "CALLGATE_API_SESSION_SECONDS", 8 * 3600.0, minimum=60),
+        )
+
+    def with_address(self, host: str | None, port: int | None) -> ApiSettings:
+        return replace(
+            self,
+            host=self.host if host is None else host,
+            port=self.port if port is None else port,
+        )

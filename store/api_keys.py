@@ -1,0 +1,241 @@
+"""API keys of the HTTP API (``callgate api``), and the answers of idempotent submissions.
+
+A key names one principal: a tenant, a user and roles. It reads ``cgk.KEY_ID.SECRET``; only
+the SHA-256 of the secret is stored (the secret is 32 random bytes, so a slow password hash
+would add nothing), and the key is shown once, when it is made. A revoked key is refused
+from the next request on: every request reads its row.
+
+An ``Idempotency-Key`` on ``POST /v1/turns`` is claimed in one statement per (key, value);
+the first request's answer is stored on the claim and replayed to every repeat. A claim
+left without an answer (its API process died mid-request) may be taken over after
+``STALE_CLAIM_SECONDS``; the turn's operation ids are derived from the idempotency key, so
+the takeover's writes reuse the first attempt's operations and never run twice.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, text
+
+from callgate.store import db
+from callgate.store.errors import AccessError, ErrorCode, InputError
+
+KEY_PREFIX = "cgk"
+APPROVER_ROLE = "approver"
+STALE_CLAIM_SECONDS = 60.0
+
+CREATE_SQL = """
+INSERT INTO callgate.api_keys (key_id, tenant_id, user_id, roles, secret_hash, rate, burst)
+VALUES (:key_id, :tenant, :user, :roles, :secret_hash, :rate, :burst)
+"""
+
+# The row of a key that is not revoked; the secret is compared in constant time afterwards.
+AUTHENTICATE_SQL = """
+SELECT key_id, tenant_id, user_id, roles, secret_hash, rate, burst
+  FROM callgate.api_keys
+ WHERE key_id = :key_id AND revoked_at IS NULL
+"""
+
+REVOKE_SQL = """
+UPDATE callgate.api_keys SET revoked_at = now()
+ WHERE key_id = :key_id AND revoked_at IS NULL
+RETURNING key_id
+"""
+
+# Claim (key, Idempotency-Key) for this request, or take over a claim whose request died
+# before answering. No row back: another request holds it, or has answered it.
+CLAIM_SQL = """
+INSERT INTO callgate.api_idempotency (key_id, idempotency_key, request_hash)
+VALUES (:key_id, :idem, :request_hash)
+ON CONFLICT (key_id, idempotency_key) DO UPDATE SET claimed_at = now()
+ WHERE callgate.api_idempotency.response IS NULL
+   AND callgate.api_idempotency.request_hash = :request_hash
+   AND callgate.api_idempotency.claimed_at < now() - make_interval(secs => :stale)
+RETURNING key_id
+"""
+
+ANSWER_SQL = """
+UPDATE callgate.api_idempotency SET response = CAST(:response AS jsonb)
+ WHERE key_id = :key_id AND idempotency_key = :idem AND response IS NULL
+"""
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who an API request acts for: read from its key, never from its body."""
+
+    key_id: str
+    tenant_id: str
+    user_id: str
+    roles: tuple[str, ...]
+    rate: float | None = None
+    burst: int | None = None
+
+    @property
+    def approver(self) -> bool:
+        return APPROVER_ROLE in self.roles
+
+
+@dataclass(frozen=True)
+class NewKey:
+    key_id: str
+    key: str
+
+
+def _hash(secret: str) -> str:
+    return hashlib.sha256(secret.encode()).hexdigest()
+
+
+def parse(key: str) -> tuple[str, str]:
+    """(key id, secret) of a presented key; ``unauthenticated`` when it is not one."""
+    parts = key.strip().split(".")
+    if len(parts) != 3 or parts[0] != KEY_PREFIX or not parts[1] or not parts[2]:
+        raise AccessError("the API key is malformed (expected cgk.KEY_ID.SECRET)")
+    return parts[1], parts[2]
+
+
+def create(
+    engine: Engine,
+    *,
+    tenant: str,
+    user: str,
+    roles: list[str],
+    rate: float | None = None,
+    burst: int | None = None,
+) -> NewKey:
+    """Make a key for one principal. The returned key is the only copy of its secret."""
+    tenant, user = tenant.strip(), user.strip()
+    cleaned = sorted({r.strip() for r in roles if r.strip()})
+    if not tenant or not user or not cleaned:
+        raise InputError("a key needs a tenant, a user and at least one role")
+    if rate is not None and not rate > 0:
+        raise InputError("--rate must be more than 0 requests per second")
+    if burst is not None and burst < 1:
+        raise InputError("--burst must be at least 1")
+    key_id = "ak" + secrets.token_hex(8)
+    secret = secrets.token_urlsafe(32)
+    with db.translate_errors("keys create"), db.autocommit(engine) as conn:
+        conn.execute(
+            text(CREATE_SQL),
+            {
+                "key_id": key_id,
+                "tenant": tenant,
+                "user": user,
+                "roles": cleaned,
+                "secret_hash": _hash(secret),
+                "rate": rate,
+                "burst": burst,
+            },
+        )
+    return NewKey(key_id=key_id, key=f"{KEY_PREFIX}.{key_id}.{secret}")
+
+
+def revoke(engine: Engine, key_id: str) -> None:
+    """Revoke a key: every request with it is refused from now on."""
+    with db.translate_errors("keys revoke"), db.autocommit(engine) as conn:
+        row = conn.execute(text(REVOKE_SQL), {"key_id": key_id.strip()}).first()
+    if row is None:
+        raise AccessError(
+            f"no key {key_id} that is not already revoked", code=ErrorCode.UNKNOWN_API_KEY
+        )
+
+
+def authenticate(engine: Engine, key: str) -> Principal:
+    """The principal of a presented key; ``unauthenticated`` for an unknown, revoked or
+    wrong one (the same words for each: no oracle)."""
+    key_id, secret = parse(key)
+    with db.translate_errors("authenticate"), db.autocommit(engine) as conn:
+        row = conn.execute(text(AUTHENTICATE_SQL), {"key_id": key_id}).first()
+    if row is None or not hmac.compare_digest(row.secret_hash, _hash(secret)):
+        raise AccessError("the API key is unknown or revoked")
+    return Principal(
+        key_id=row.key_id,
+        tenant_id=row.tenant_id,
+        user_id=row.user_id,
+        roles=tuple(row.roles),
+        rate=row.rate,
+        burst=row.burst,
+    )
+
+
+def principal_of(engine: Engine, key_id: str) -> Principal:
+    """The principal of a key id that is not revoked (a console session holds the id only)."""
+    with db.translate_errors("authenticate"), db.autocommit(engine) as conn:
+        row = conn.execute(text(AUTHENTICATE_SQL), {"key_id": key_id}).first()
+    if row is None:
+        raise AccessError("the session's key is unknown or revoked; sign in again")
+    return Principal(
+        key_id=row.key_id,
+        tenant_id=row.tenant_id,
+        user_id=row.user_id,
+        roles=tuple(row.roles),
+        rate=row.rate,
+        burst=row.burst,
+    )
+
+
+# --- idempotent submissions ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claim:
+    """``claimed``: this request runs the submission. Otherwise ``response`` is the first
+    request's answer, or None while that request is still running."""
+
+    claimed: bool
+    response: dict[str, Any] | None = None
+
+
+def request_hash(body: bytes, query: str) -> str:
+    return hashlib.sha256(query.encode() + b"\n" + body).hexdigest()
+
+
+def claim(engine: Engine, key_id: str, idem: str, digest: str) -> Claim:
+    """Claim an Idempotency-Key for one request. The same key with another body is
+    ``idempotency_conflict``."""
+    with db.translate_errors("idempotency"), db.autocommit(engine) as conn:
+        if conn.execute(
+            text(CLAIM_SQL),
+            {"key_id": key_id, "idem": idem, "request_hash": digest, "stale": STALE_CLAIM_SECONDS},
+        ).first():
+            return Claim(claimed=True)
+        row = conn.execute(
+            text(
+                "SELECT request_hash, response FROM callgate.api_idempotency"
+                " WHERE key_id = :key_id AND idempotency_key = :idem"
+            ),
+            {"key_id": key_id, "idem": idem},
+        ).one()
+    if row.request_hash != digest:
+        raise InputError(
+            f"Idempotency-Key {idem!r} was used with another request; use a new key",
+            code=ErrorCode.IDEMPOTENCY_CONFLICT,
+        )
+    return Claim(claimed=False, response=row.response)
+
+
+def answer(engine: Engine, key_id: str, idem: str, response: dict[str, Any]) -> None:
+    """Store the claimed request's answer for its repeats."""
+    with db.translate_errors("idempotency"), db.autocommit(engine) as conn:
+        conn.execute(
+            text(ANSWER_SQL),
+            {"key_id": key_id, "idem": idem, "response": json.dumps(response)},
+        )
+
+
+def release(engine: Engine, key_id: str, idem: str) -> None:
+    """Drop an unanswered claim after a refusal, so the client may send a corrected request."""
+    with db.translate_errors("idempotency"), db.autocommit(engine) as conn:
+        conn.execute(
+            text(
+                "DELETE FROM callgate.api_idempotency WHERE key_id = :key_id"
+                " AND idempotency_key = :idem AND response IS NULL"
+            ),
+            {"key_id": key_id, "idem": idem},
+        )

@@ -1,0 +1,95 @@
+"""``callgate api`` as a real process on a free port, for the API, schema and browser tests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from callgate.ops.chaos.services import free_port
+
+
+@dataclass
+class ApiServer:
+    proc: subprocess.Popen[bytes]
+    port: int
+    env: dict[str, str]
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def client(self, key: str | None = None) -> httpx.Client:
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        return httpx.Client(base_url=self.url, headers=headers, timeout=60)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_api(env: dict[str, str]) -> ApiServer:
+    port = free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "callgate.ops.cli", "api", "--port", str(port)],
+        env={**os.environ, **env},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    server = ApiServer(proc, port, env)
+    deadline = time.monotonic() + 60  # a loaded machine imports slowly
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = proc.stderr.read().decode() if proc.stderr else ""
+            raise AssertionError(f"callgate api exited {proc.returncode}: {err}")
+        try:
+            if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
+                return server
+        except httpx.TransportError:
+            pass
+        time.sleep(0.1)
+    server.stop()
+    raise AssertionError("callgate api did not answer /healthz within 60 s")
+
+
+def make_key(env: dict[str, str], tenant: str, user: str, *roles: str, **extra: Any) -> Any:
+    """``callgate keys create --json`` as a user runs it: {"key_id", "key"}."""
+    from tests.acceptance.conftest import callgate
+
+    args = ["keys", "create", "--tenant", tenant, "--user", user, "--json"]
+    for role in roles:
+        args += ["--role", role]
+    for name, value in extra.items():
+        args += [f"--{name}", str(value)]
+    proc = callgate(*args, env=env)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    return json.loads(proc.stdout)
+
+
+@pytest.fixture
+def api(request: pytest.FixtureRequest) -> Iterator[Callable[[dict[str, str]], ApiServer]]:
+    started: list[ApiServer] = []
+
+    def start(env: dict[str, str]) -> ApiServer:
+        server = start_api(env)
+        started.append(server)
+        return server
+
+    yield start
+    for s in started:
+        s.stop()
