@@ -23,7 +23,8 @@ Faster than ``stale_seconds``, two kinds of loss are noticed from Redis (``recov
   leases, which alone decide who may run a reserved call; fencing keeps a stalled owner that
   wakes up harmless;
 - Redis that lost its data (FLUSHALL, a restart without persistence), noticed by its epoch
-  key being gone: every open call nobody holds is dispatched again.
+  key being gone or changed since this process last looked (``RedisEpoch``): every open
+  call nobody holds is dispatched again.
 
 Every worker process sweeps too (on a thread, ``CALLGATE_WORKER_SWEEP``), so recovery does
 not depend on the sweeper process; several sweepers at once are safe (``SKIP LOCKED``, and a
@@ -275,42 +276,69 @@ def _redispatch_lost(
             return done
 
 
+class RedisEpoch:
+    """What this process last saw of its queue's epoch key in Redis.
+
+    The key holds a random value set by the first sweeper that found it missing. Redis that
+    lost its data (FLUSHALL, a restart without persistence) loses the key: the next sweep
+    of a process that saw the old value finds it missing or changed. A process that never
+    saw a value (it just started) cannot tell a fresh Redis from a flushed one, so it only
+    sets the key: a fresh stack's first sweep re-dispatches nothing. A loss while every
+    process restarts is therefore noticed by the stale rule (``stale_seconds``) instead.
+    """
+
+    def __init__(self) -> None:
+        self.seen: bytes | None = None
+
+    def look(self, conn: redis.Redis, queue: str) -> tuple[bool, bytes]:
+        """(lost since this process last looked, the value now). One GET while nothing
+        changed; a SET NX and a second GET when the key is missing."""
+        key = transport.epoch_key(queue)
+        current: bytes | None = conn.get(key)  # type: ignore[assignment]
+        if current is None:
+            conn.set(key, uuid.uuid4().hex, nx=True)
+            current = conn.get(key)  # type: ignore[assignment]
+        now = current or b""
+        return self.seen is not None and now != self.seen, now
+
+
 def recover_lost(
     engine: Engine,
     queue: Queue,
     *,
     job_timeout: float,
     max_dispatches: int,
+    epoch: RedisEpoch | None = None,
 ) -> list[uuid.UUID]:
-    """Dispatch again, without waiting for ``stale_seconds``, the calls Redis lost and the
-    calls taken by workers whose liveness key expired. Returns the calls dispatched."""
+    """Dispatch again, without waiting for ``stale_seconds``, the calls Redis lost (seen
+    through ``epoch``, this process's memory of the epoch key) and the calls taken by
+    workers whose liveness key expired. Returns the calls dispatched."""
     conn: redis.Redis = queue.connection
     name = queue.name
     dispatched: list[uuid.UUID] = []
-    epoch = transport.epoch_key(name)
-    if conn.set(epoch, uuid.uuid4().hex, nx=True):
-        # The key was missing: Redis lost its data (or this queue never had a sweeper). Every
-        # job enqueued before now may be lost; Postgres' clock read after the loss was seen
-        # covers them all (and a few jobs enqueued since, which are only duplicates). It is
-        # read once: the calls marked meanwhile are dispatched after it, so batches end.
-        try:
-            with db.autocommit(engine) as pg:
-                since = pg.execute(text("SELECT now()")).scalar_one()
-            lost = _redispatch_lost(
-                engine,
-                queue,
-                refs=None,
-                since=since,
-                job_timeout=job_timeout,
-                max_dispatches=max_dispatches,
-                reason="redis_lost",
-            )
-        except Exception:
-            conn.delete(epoch)  # let the next sweep (of any process) try again
-            raise
+    epoch = epoch or RedisEpoch()
+    lost_data, now = epoch.look(conn, name)
+    if lost_data:
+        # Every job enqueued before now may be lost; Postgres' clock read after the loss
+        # was seen covers them all (and a few jobs enqueued since, which are only
+        # duplicates). It is read once: the calls marked meanwhile are dispatched after
+        # it, so batches end. If this fails, ``epoch`` keeps the old value and the next
+        # sweep tries again.
+        with db.autocommit(engine) as pg:
+            since = pg.execute(text("SELECT now()")).scalar_one()
+        lost = _redispatch_lost(
+            engine,
+            queue,
+            refs=None,
+            since=since,
+            job_timeout=job_timeout,
+            max_dispatches=max_dispatches,
+            reason="redis_lost",
+        )
         if lost:
             log.warning("Redis lost its data: re-dispatched %d open call(s)", len(lost))
         dispatched.extend(lost)
+    epoch.seen = now
     members: set[bytes] = conn.smembers(transport.workers_key(name))  # type: ignore[assignment]
     for raw in members:
         worker = raw.decode()
@@ -377,9 +405,16 @@ def run(
     stop = stop or threading.Event()
     if jitter:
         stop.wait(random.uniform(0, interval))
+    epoch = RedisEpoch()
     while not stop.is_set():
         try:
-            recover_lost(engine, queue, job_timeout=job_timeout, max_dispatches=max_dispatches)
+            recover_lost(
+                engine,
+                queue,
+                job_timeout=job_timeout,
+                max_dispatches=max_dispatches,
+                epoch=epoch,
+            )
         except Exception as exc:  # retried on the next tick
             log.warning("sweeper: %s", exc)
         try:

@@ -105,7 +105,8 @@ def translate_errors(what: str) -> Iterator[None]:
 # A sweeper that finds a listed worker without its liveness key dispatches that worker's
 # taken calls again from Postgres (the reservation CAS makes any duplicate harmless).
 # A whole Redis that lost its data (FLUSHALL, a restart without persistence) is noticed by
-# ``epoch_key`` disappearing: every unreserved open call is then dispatched again.
+# ``epoch_key`` disappearing or changing under a sweeper that saw it: every unreserved open
+# call is then dispatched again.
 
 LIVENESS_TTL_SECONDS = 5.0
 LIVENESS_BEAT_SECONDS = 1.0

@@ -86,8 +86,12 @@ def _dispatches(engine: Engine, refs: list[uuid.UUID]) -> list[int]:
         ]
 
 
-def _recover(engine: Engine, producer: Producer) -> list[uuid.UUID]:
-    return sweeper.recover_lost(engine, producer.queue, job_timeout=60, max_dispatches=MAX)
+def _recover(
+    engine: Engine, producer: Producer, epoch: sweeper.RedisEpoch | None = None
+) -> list[uuid.UUID]:
+    return sweeper.recover_lost(
+        engine, producer.queue, job_timeout=60, max_dispatches=MAX, epoch=epoch
+    )
 
 
 def test_a_dead_workers_taken_calls_come_back_and_a_live_ones_do_not(
@@ -145,20 +149,54 @@ def test_jobs_redis_lost_come_back_on_the_next_sweep(
     engine: Engine, producer: Producer, queue_name: str
 ) -> None:
     conn = producer.redis
-    conn.set(transport.epoch_key(queue_name), "e")
+    epoch = sweeper.RedisEpoch()
     refs = [uuid.UUID(str(c.ref)) for c in _reads(producer, 4).calls]
+    assert producer.queue.count == 4
+    # A sweeper that saw Redis' epoch before the loss.
+    assert _recover(engine, producer, epoch) == []
     assert producer.queue.count == 4
     # Redis loses this queue's data (its keys, as FLUSHALL would; the shared test Redis
     # serves other queues too).
     conn.delete(f"rq:queue:{queue_name}", transport.epoch_key(queue_name))
     assert producer.queue.count == 0
 
-    back = _recover(engine, producer)
+    back = _recover(engine, producer, epoch)
 
     assert sorted(back) == sorted(refs)
     assert producer.queue.count == 4
     assert conn.exists(transport.epoch_key(queue_name))
+    assert _recover(engine, producer, epoch) == []
+
+
+def test_a_loss_seen_first_by_another_process_is_still_noticed(
+    engine: Engine, producer: Producer, queue_name: str
+) -> None:
+    conn = producer.redis
+    epoch = sweeper.RedisEpoch()
+    refs = [uuid.UUID(str(c.ref)) for c in _reads(producer, 2).calls]
+    assert _recover(engine, producer, epoch) == []
+    conn.delete(f"rq:queue:{queue_name}", transport.epoch_key(queue_name))
+    # A process that just started sweeps first: it cannot tell a loss from a fresh Redis,
+    # and only sets a new epoch.
+    assert _recover(engine, producer, sweeper.RedisEpoch()) == []
+    assert producer.queue.count == 0
+    # The process that saw the old epoch finds it changed.
+    assert sorted(_recover(engine, producer, epoch)) == sorted(refs)
+    assert producer.queue.count == 2
+
+
+def test_a_fresh_stacks_first_sweep_dispatches_nothing_again(
+    engine: Engine, producer: Producer, queue_name: str
+) -> None:
+    conn = producer.redis
+    conn.delete(transport.epoch_key(queue_name))  # a Redis no sweeper has seen yet
+    refs = [uuid.UUID(str(c.ref)) for c in _reads(producer, 3).calls]
+
     assert _recover(engine, producer) == []
+
+    assert producer.queue.count == 3
+    assert _dispatches(engine, refs) == [1, 1, 1]
+    assert conn.exists(transport.epoch_key(queue_name))
 
 
 def _turn_of(engine: Engine, ref: uuid.UUID) -> str:
