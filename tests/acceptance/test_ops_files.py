@@ -34,11 +34,12 @@ SERVICES = {
     "worker",
     "relayer",
     "sweeper",
+    "api",
     "prometheus",
     "grafana",
     "rq-dashboard",
 }
-CALLGATE_SERVICES = {"migrate", "worker", "relayer", "sweeper"}
+CALLGATE_SERVICES = {"migrate", "worker", "relayer", "sweeper", "api"}
 
 
 def promtool(*args: str) -> subprocess.CompletedProcess[str]:
