@@ -107,7 +107,8 @@ def reconcile_resolve_cmd(operation_id: str, outcome: str, by: str, note: str) -
 @click.option("--dry-run", is_flag=True, help="Count what would go; remove nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def prune_cmd(older_than: str, batch: int, dry_run: bool, as_json: bool) -> None:
-    """Remove finished turns with their calls, outbox rows and trace events.
+    """Remove finished turns with their calls, outbox rows and trace events, and the HTTP
+    API's kept answers to Idempotency-Key repeats.
 
     A turn goes only when all its calls are terminal and all its results are published;
     an operation goes with the last call that used it, never while a write awaits
@@ -126,5 +127,8 @@ def prune_cmd(older_than: str, batch: int, dry_run: bool, as_json: bool) -> None
         click.echo(json.dumps({"dry_run": dry_run, **counts}))
         return
     verb = "would remove" if dry_run else "removed"
-    shown = counts if not dry_run else {k: counts[k] for k in ("turns", "calls")}
-    click.echo(f"{verb} " + ", ".join(f"{n} {k.replace('_', ' ')}" for k, n in shown.items()))
+    shown = counts if not dry_run else {k: counts[k] for k in ("turns", "calls", "api_idempotency")}
+    names = {"api_idempotency": "API idempotency answers"}
+    click.echo(
+        f"{verb} " + ", ".join(f"{n} {names.get(k, k.replace('_', ' '))}" for k, n in shown.items())
+    )

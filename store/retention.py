@@ -1,4 +1,5 @@
-"""Retention: remove finished turns with their calls, outbox rows and trace events.
+"""Retention: remove finished turns with their calls, outbox rows and trace events, and the
+HTTP API's kept answers to ``Idempotency-Key`` repeats.
 
 A turn goes only when every call of it is terminal and every outbox row of it is
 published, so pruning never takes a result fan-in is still waiting for. An operation goes
@@ -79,6 +80,26 @@ SELECT (SELECT count(*) FROM gone_turns) AS turns,
        (SELECT count(*) FROM gone_approvals) AS approvals
 """
 
+# Answers kept for the HTTP API's Idempotency-Key repeats, claimed before the window: a
+# repeat after it records a new turn (like an operation removed above). Oldest first, in
+# batches, skipping a claim another session holds.
+PRUNE_API_IDEMPOTENCY_SQL = """
+WITH doomed AS (
+    SELECT key_id, idempotency_key FROM callgate.api_idempotency
+     WHERE claimed_at < now() - make_interval(secs => :older_than)
+     ORDER BY claimed_at
+     LIMIT :batch
+       FOR UPDATE SKIP LOCKED
+)
+DELETE FROM callgate.api_idempotency AS i USING doomed
+ WHERE i.key_id = doomed.key_id AND i.idempotency_key = doomed.idempotency_key
+"""
+
+COUNT_API_IDEMPOTENCY_SQL = """
+SELECT count(*) FROM callgate.api_idempotency
+ WHERE claimed_at < now() - make_interval(secs => :older_than)
+"""
+
 COUNT_SQL = f"""
 WITH due AS ({_DUE})
 SELECT (SELECT count(*) FROM due) AS turns,
@@ -99,6 +120,7 @@ class Pruned:
     trace_events: int = 0
     operations: int = 0
     approvals: int = 0
+    api_idempotency: int = 0
 
     def add(self, other: Pruned) -> None:
         for f in fields(self):
@@ -125,7 +147,8 @@ def prune(engine: Engine, *, older_than: float, batch: int = 500, dry_run: bool 
     if dry_run:
         with db.autocommit(engine) as conn:
             row = conn.execute(text(COUNT_SQL), {**params, "batch": None}).one()
-        return Pruned(turns=row.turns, calls=row.calls)
+            answers = conn.execute(text(COUNT_API_IDEMPOTENCY_SQL), params).scalar_one()
+        return Pruned(turns=row.turns, calls=row.calls, api_idempotency=answers)
     total = Pruned()
     conflicts = 0
     while True:
@@ -142,4 +165,17 @@ def prune(engine: Engine, *, older_than: float, batch: int = 500, dry_run: bool 
         done = Pruned(**row._asdict())
         total.add(done)
         if done.turns < batch:
+            total.api_idempotency = _prune_api_idempotency(engine, older_than, batch)
             return total
+
+
+def _prune_api_idempotency(engine: Engine, older_than: float, batch: int) -> int:
+    removed = 0
+    while True:
+        with db.autocommit(engine) as conn:
+            gone = conn.execute(
+                text(PRUNE_API_IDEMPOTENCY_SQL), {"older_than": older_than, "batch": batch}
+            ).rowcount
+        removed += gone
+        if gone < batch:
+            return removed

@@ -67,7 +67,7 @@ def test_a_person_settles_a_write_in_doubt_and_a_retry_gets_their_outcome(
     assert json.loads(wait.stdout)["turns"] == 0
     time.sleep(1.2)
     dry = callgate("prune", "--older-than", "1s", "--dry-run", env=env)
-    assert dry.stdout.strip() == "would remove 2 turns, 2 calls"
+    assert dry.stdout.strip() == "would remove 2 turns, 2 calls, 0 API idempotency answers"
     pruned = callgate("prune", "--older-than", "1s", "--json", env=env)
     assert pruned.returncode == 0, pruned.stderr
     counts = json.loads(pruned.stdout)

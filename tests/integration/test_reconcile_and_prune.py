@@ -13,7 +13,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from callgate.producer.planning import plan
-from callgate.store import db, reconciliation, reservations, retention, turns
+from callgate.store import api_keys, db, reconciliation, reservations, retention, turns
 from callgate.store.errors import ErrorCode, InputError, ReconciliationError
 from callgate.store.types import CallContext, ProposedCall
 from callgate.worker.demo.tools import demo_registry
@@ -288,6 +288,30 @@ def test_prune_keeps_a_write_awaiting_reconciliation_and_an_operation_still_in_u
     assert {doubt.operation_id, first.operation_id} <= ops
     assert [r["operation_id"] for r in reconciliation.pending(own)] == [doubt.operation_id]
     assert _value(own, "SELECT state FROM callgate.calls WHERE id = :r", r=retry.ref) == "proposed"
+
+
+def test_prune_removes_api_idempotency_answers_claimed_before_the_window(own: Engine) -> None:
+    key = api_keys.create(own, tenant="tenant-a", user="user-17", roles=["support"])
+    for idem, days in (("old-answered", 3), ("old-unanswered", 3), ("new", 0)):
+        api_keys.claim(own, key.key_id, idem, "digest")
+        if idem != "old-unanswered":
+            api_keys.answer(own, key.key_id, idem, {"turn_id": None, "calls": []})
+        with own.begin() as conn:
+            conn.execute(
+                text(
+                    "UPDATE callgate.api_idempotency"
+                    " SET claimed_at = now() - make_interval(days => :d)"
+                    " WHERE idempotency_key = :i"
+                ),
+                {"d": days, "i": idem},
+            )
+
+    assert retention.prune(own, older_than=86_400, dry_run=True).api_idempotency == 2
+    assert _value(own, "SELECT count(*) FROM callgate.api_idempotency") == 3
+
+    assert retention.prune(own, older_than=86_400, batch=1).api_idempotency == 2
+    left = [r.idempotency_key for r in _rows(own, "SELECT * FROM callgate.api_idempotency")]
+    assert left == ["new"]
 
 
 @pytest.mark.parametrize(("text_", "seconds"), [("90s", 90), ("30m", 1800), ("7d", 604_800)])
