@@ -13,8 +13,12 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import Engine
 
 from callgate.ops.chaos.services import free_port
+from callgate.store import db
+
+DEMO = "callgate.worker.demo.tools:demo_registry"
 
 
 @dataclass
@@ -93,3 +97,38 @@ def api(request: pytest.FixtureRequest) -> Iterator[Callable[[dict[str, str]], A
     yield start
     for s in started:
         s.stop()
+
+
+@pytest.fixture
+def env(make_own_database: Callable[[], str], redis_url: str, queue_name: str) -> dict[str, str]:
+    """A database of its own (O-17 is fresh, counts are this test's), the demo tools, and
+    refunds from 10,000 up asking for an approval (so the 12,000 KRW refund of O-17 does)."""
+    return {
+        "CALLGATE_DATABASE_URL": make_own_database(),
+        "CALLGATE_REDIS_URL": redis_url,
+        "CALLGATE_QUEUE": queue_name,
+        "CALLGATE_TOOLS": DEMO,
+        "CALLGATE_DEMO_APPROVAL_AMOUNT": "10000",
+        "CALLGATE_DEMO_DELAY_MS": "",
+        "CALLGATE_SWEEP_SECONDS": "0.5",
+    }
+
+
+@pytest.fixture
+def engine(env: dict[str, str]) -> Iterator[Engine]:
+    eng = db.create(env["CALLGATE_DATABASE_URL"])
+    yield eng
+    eng.dispose()
+
+
+@pytest.fixture
+def running(env: dict[str, str], api: Callable[[dict[str, str]], ApiServer]) -> Iterator[ApiServer]:
+    from callgate.ops.stack import Stack, wait_for_workers  # imports the worker's modules
+
+    stack = Stack(env=env, workers=1)
+    stack.__enter__()
+    try:
+        wait_for_workers(env["CALLGATE_REDIS_URL"], env["CALLGATE_QUEUE"], 1)
+        yield api(env)
+    finally:
+        stack.stop()

@@ -16,7 +16,6 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -24,50 +23,14 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from callgate.store import db
 from callgate.worker.demo import downstream
-from tests.acceptance.api_server import ApiServer, api, make_key
+from tests.acceptance.api_server import ApiServer, api, engine, env, make_key, running
 from tests.acceptance.conftest import REFUND_O17, effects_for, scalar
-from tests.acceptance.test_api import DEMO
 
-__all__ = ["api"]  # fixtures, for pytest
+__all__ = ["api", "engine", "env", "running"]  # fixtures, for pytest
 
 CHROMIUM = "/usr/bin/chromium"
 TIMEOUT_MS = 60_000  # a loaded machine starves the browser, the API and the workers alike
-
-
-@pytest.fixture
-def env(make_own_database: Callable[[], str], redis_url: str, queue_name: str) -> dict[str, str]:
-    return {
-        "CALLGATE_DATABASE_URL": make_own_database(),
-        "CALLGATE_REDIS_URL": redis_url,
-        "CALLGATE_QUEUE": queue_name,
-        "CALLGATE_TOOLS": DEMO,
-        # Refunds from 10,000 up ask for an approval: the 12,000 KRW refund of O-17 does.
-        "CALLGATE_DEMO_APPROVAL_AMOUNT": "10000",
-        "CALLGATE_DEMO_DELAY_MS": "",
-        "CALLGATE_SWEEP_SECONDS": "0.5",
-    }
-
-
-@pytest.fixture
-def engine(env: dict[str, str]) -> Iterator[Engine]:
-    eng = db.create(env["CALLGATE_DATABASE_URL"])
-    yield eng
-    eng.dispose()
-
-
-@pytest.fixture
-def running(env: dict[str, str], api: Callable[[dict[str, str]], ApiServer]) -> Iterator[ApiServer]:
-    from callgate.ops.stack import Stack, wait_for_workers
-
-    stack = Stack(env=env, workers=1)
-    stack.__enter__()
-    try:
-        wait_for_workers(env["CALLGATE_REDIS_URL"], env["CALLGATE_QUEUE"], 1)
-        yield api(env)
-    finally:
-        stack.stop()
 
 
 def _parked(http: httpx.Client, proposals: list[dict[str, Any]]) -> tuple[str, str]:
