@@ -96,6 +96,43 @@ def control_engine(url: str) -> Engine:
     )
 
 
+def prepare_live(
+    services: Services,
+    name: str,
+    spec: StackSpec,
+    log_dir: Path | None,
+    *,
+    own_redis: bool,
+    own_postgres: bool = True,
+) -> Live:
+    """The stack (not started yet), producer and control connection of one scenario run,
+    on its own database (and its own redis-server when ``own_redis`` and the runner may
+    start one)."""
+    database_url = services.database(name)
+    owned = services.owned_redis() if own_redis else None
+    redis_url = owned.url if owned is not None else services.redis_url
+    assert redis_url is not None
+    log = str(log_dir / f"{name}.log") if log_dir is not None else None
+    env = process_env(database_url, redis_url, name, spec)
+    producer = Producer(
+        settings=Settings.from_env(env),
+        engine=db.create(database_url, application_name="callgate-producer"),
+        redis_connection=transport.connect(redis_url),
+        registry=tools.chaos_registry(),
+    )
+    return Live(
+        stack=Stack(env=env, workers=spec.workers, sweeper=spec.sweeper, log_path=log),
+        spec=spec,
+        engine=control_engine(database_url),
+        producer=producer,
+        env=env,
+        admin_url=services.admin_url,
+        database=database_name(database_url),
+        redis=owned,
+        postgres=services.postgres if own_postgres else None,
+    )
+
+
 def run_scenario(
     scenario: Scenario,
     services: Services,
@@ -118,33 +155,10 @@ def run_scenario(
         report.verdict, report.reason = "not applicable", skip
         return report
     spec = scenario.stack if workers is None else replace(scenario.stack, workers=workers)
-    database_url = services.database(scenario.name)
-    owned = services.owned_redis() if spec.own_redis else None
-    redis_url = owned.url if owned is not None else services.redis_url
-    assert redis_url is not None
-    log = str(log_dir / f"{scenario.name}.log") if log_dir is not None else None
-    report.log = log
-    env = process_env(database_url, redis_url, scenario.name, spec)
-    engine = control_engine(database_url)
-    settings = Settings.from_env(env)
-    producer = Producer(
-        settings=settings,
-        engine=db.create(database_url, application_name="callgate-producer"),
-        redis_connection=transport.connect(redis_url),
-        registry=tools.chaos_registry(),
-    )
-    stack = Stack(env=env, workers=spec.workers, sweeper=spec.sweeper, log_path=log)
-    live = Live(
-        stack=stack,
-        spec=spec,
-        engine=engine,
-        producer=producer,
-        env=env,
-        admin_url=services.admin_url,
-        database=database_name(database_url),
-        redis=owned,
-        postgres=services.postgres,
-    )
+    live = prepare_live(services, scenario.name, spec, log_dir, own_redis=spec.own_redis)
+    report.log = live.stack.log_path
+    stack, engine, producer, owned = live.stack, live.engine, live.producer, live.redis
+    redis_url, settings = live.env["CALLGATE_REDIS_URL"], producer.settings
     last_fault_at: Any = None
     try:
         stack.__enter__()

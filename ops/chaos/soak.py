@@ -25,15 +25,13 @@ from typing import Any
 
 import click
 
-from callgate.ops.chaos import faults, invariants, runner, tools
+from callgate.ops.chaos import faults, invariants, runner
 from callgate.ops.chaos.faults import Live, PlannedFault
 from callgate.ops.chaos.scenario import Expect, FaultSpec, Scenario, StackSpec, Workload
-from callgate.ops.chaos.services import Services, database_name, terminate_backends
-from callgate.ops.stack import Stack, wait_for_workers
-from callgate.producer import Producer
-from callgate.store import db, transport
+from callgate.ops.chaos.services import Services, terminate_backends
+from callgate.ops.stack import wait_for_workers
+from callgate.store import transport
 from callgate.store.errors import CallgateError
-from callgate.store.settings import Settings
 
 IN_FLIGHT = 40
 CALLS_PER_FAULT = 60
@@ -116,33 +114,10 @@ def run_soak(
         recovery_seconds=RECOVERY_SECONDS,
     )
     report = runner.Report("soak", scenario.summary, "pass")
-    database_url = services.database("soak")
-    owned = services.owned_redis()
-    redis_url = owned.url if owned is not None else services.redis_url
-    assert redis_url is not None
-    log = str(log_dir / "soak.log") if log_dir is not None else None
-    report.log = log
-    env = runner.process_env(database_url, redis_url, "soak", spec)
-    engine = runner.control_engine(database_url)
-    settings = Settings.from_env(env)
-    producer = Producer(
-        settings=settings,
-        engine=db.create(database_url, application_name="callgate-producer"),
-        redis_connection=transport.connect(redis_url),
-        registry=tools.chaos_registry(),
-    )
-    stack = Stack(env=env, workers=workers, log_path=log)
-    live = Live(
-        stack=stack,
-        spec=spec,
-        engine=engine,
-        producer=producer,
-        env=env,
-        admin_url=services.admin_url,
-        database=database_name(database_url),
-        redis=owned,
-        postgres=None,
-    )
+    live = runner.prepare_live(services, "soak", spec, log_dir, own_redis=True, own_postgres=False)
+    report.log = live.stack.log_path
+    owned, stack, engine, producer = live.redis, live.stack, live.engine, live.producer
+    redis_url, settings = live.env["CALLGATE_REDIS_URL"], producer.settings
     kinds = [k for k, _ in FAULTS if owned is not None or "redis" not in k]
     weights = [w for k, w in FAULTS if k in kinds]
     pending = _Pending()
