@@ -302,6 +302,10 @@ class RedisEpoch:
         return self.seen is not None and now != self.seen, now
 
 
+# How long one sweeper's claim on recovering a dead worker's calls lasts.
+RECOVERY_CLAIM_SECONDS = 30
+
+
 def recover_lost(
     engine: Engine,
     queue: Queue,
@@ -344,14 +348,14 @@ def recover_lost(
         worker = raw.decode()
         if conn.exists(transport.liveness_key(name, worker)):
             continue
-        # Only the sweeper that removes the worker from the list recovers its calls.
-        if not conn.srem(transport.workers_key(name), worker):
+        # One sweeper recovers a worker at a time. The worker leaves the list only once its
+        # calls are dispatched again: a sweeper that dies (or fails) midway leaves it listed,
+        # and another one recovers it once the claim expires.
+        claim = transport.recovering_key(name, worker)
+        if not conn.set(claim, "1", nx=True, ex=RECOVERY_CLAIM_SECONDS):
             continue
-        try:
-            dispatched.extend(_recover_worker(engine, queue, worker, job_timeout, max_dispatches))
-        except Exception:
-            conn.sadd(transport.workers_key(name), worker)  # the next sweep tries again
-            raise
+        dispatched.extend(_recover_worker(engine, queue, worker, job_timeout, max_dispatches))
+        conn.srem(transport.workers_key(name), worker)
     return dispatched
 
 

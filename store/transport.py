@@ -129,6 +129,11 @@ def taking_key(queue: str, worker: str) -> str:
     return f"callgate:{queue}:worker:{worker}:taking"
 
 
+def recovering_key(queue: str, worker: str) -> str:
+    """A sweeper's claim on dispatching a dead worker's taken calls again (with a TTL)."""
+    return f"callgate:{queue}:worker:{worker}:recovering"
+
+
 def epoch_key(queue: str) -> str:
     return f"callgate:{queue}:epoch"
 

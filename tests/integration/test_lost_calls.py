@@ -5,6 +5,7 @@ and what comes back is counted on the queue and in Postgres."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -121,6 +122,24 @@ def test_a_dead_workers_taken_calls_come_back_and_a_live_ones_do_not(
     assert conn.smembers(transport.workers_key(queue_name)) == {b"alive"}
     assert not conn.exists(transport.taken_key(queue_name, "dead"))
     assert _recover(engine, producer) == []  # once
+
+
+def test_a_recovery_left_midway_is_made_by_another_sweep_once_its_claim_expires(
+    engine: Engine, producer: Producer, queue_name: str
+) -> None:
+    conn = producer.redis
+    refs = {uuid.UUID(str(c.ref)) for c in _reads(producer, 2).calls}
+    assert len(_take(conn, queue_name, "dead", 2)) == 2
+    # A sweeper claimed this worker's recovery and died before dispatching anything.
+    conn.set(transport.recovering_key(queue_name, "dead"), "1", px=800)
+
+    assert _recover(engine, producer) == []  # claimed by someone else
+    assert conn.sismember(transport.workers_key(queue_name), "dead")
+    time.sleep(1.0)
+
+    assert set(_recover(engine, producer)) == refs
+    assert producer.queue.count == 2
+    assert not conn.sismember(transport.workers_key(queue_name), "dead")
 
 
 def test_a_reserved_call_of_a_dead_worker_is_left_to_its_lease(
