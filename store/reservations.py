@@ -3,7 +3,8 @@
 - ``reserve``: one guarded UPDATE; exactly one of N competing workers gets a row back. A
   lease that has expired is taken over with ``generation + 1`` (the fencing token).
 - ``renew``: extends the lease only for the same owner and generation (``renew_many``: the
-  same for many leases in one statement, each with the same guard).
+  same for many leases in one statement, each with the same guard; it never waits for a row
+  another transaction has locked, so no lock on one operation delays another's lease).
 - ``complete``: requires state ``in_progress`` and the same intent, owner and generation; in
   the same statement it writes the result to the operation and to every call the operation
   started, their outbox rows and trace events, and wakes the relayer. No row means a stale
@@ -38,6 +39,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
+import psycopg
 from sqlalchemy import Connection, Engine, text
 from sqlalchemy.exc import DataError, OperationalError
 
@@ -98,31 +100,61 @@ RETURNING lease_expires_at
 """
 
 # ``RENEW_SQL`` for many leases in one statement: each row has exactly RENEW_SQL's guard.
-# The rows are locked in operation id order, so two batches never wait on each other.
+#
+# Why these locks. The UPDATE needs only FOR NO KEY UPDATE (it changes no key column), and that
+# is all the batch takes: a submit that reuses an in-flight operation id holds FOR KEY SHARE on
+# its row (the foreign-key check of its new call) until it commits, which FOR UPDATE would wait
+# for; NO KEY UPDATE does not conflict with it, so a stalled submit can neither block a renewal
+# nor deadlock with one (its FK checks lock in call order, not operation id order).
+#
+# SKIP LOCKED: one statement renews every lease a worker has due, so a row another transaction
+# holds more strongly (a completion or a takeover in progress, a long transaction) must not
+# make the others wait. The batch renews every row it can lock at once and never waits; a
+# lease whose guard still holds (read without a lock, below) but whose row was skipped comes
+# back as ``renewed = false`` and is renewed on its own with a short lock wait
+# (``RENEW_LOCK_WAIT_MS``, see ``renew_many``). Since the batch never waits, the order it
+# locks in no longer matters.
 RENEW_MANY_SQL = """
 WITH lease AS (
     SELECT * FROM unnest(CAST(:operation_ids AS text[]), CAST(:owner_tokens AS uuid[]),
                          CAST(:generations AS integer[]), CAST(:lease_seconds AS float8[]))
            AS l(operation_id, owner_token, generation, lease_seconds)
-), held AS (
+), guarded AS (
     SELECT o.operation_id, lease.owner_token, lease.generation, lease.lease_seconds
       FROM callgate.operations AS o
       JOIN lease ON lease.operation_id = o.operation_id
      WHERE o.state = 'in_progress'
        AND o.owner_token = lease.owner_token
        AND o.generation = lease.generation
-     ORDER BY o.operation_id
-       FOR UPDATE OF o
+), held AS (
+    SELECT o.operation_id, guarded.owner_token, guarded.generation, guarded.lease_seconds
+      FROM callgate.operations AS o
+      JOIN guarded ON guarded.operation_id = o.operation_id
+     WHERE o.state = 'in_progress'
+       AND o.owner_token = guarded.owner_token
+       AND o.generation = guarded.generation
+       FOR NO KEY UPDATE OF o SKIP LOCKED
+), renewed AS (
+    UPDATE callgate.operations AS o
+       SET lease_expires_at = now() + make_interval(secs => held.lease_seconds)
+      FROM held
+     WHERE o.operation_id = held.operation_id
+       AND o.state = 'in_progress'
+       AND o.owner_token = held.owner_token
+       AND o.generation = held.generation
+    RETURNING o.operation_id, o.owner_token, o.generation
 )
-UPDATE callgate.operations AS o
-   SET lease_expires_at = now() + make_interval(secs => held.lease_seconds)
-  FROM held
- WHERE o.operation_id = held.operation_id
-   AND o.state = 'in_progress'
-   AND o.owner_token = held.owner_token
-   AND o.generation = held.generation
-RETURNING o.operation_id, o.owner_token, o.generation
+SELECT operation_id, owner_token, generation, true AS renewed FROM renewed
+UNION ALL
+SELECT operation_id, owner_token, generation, false AS renewed FROM guarded
+ WHERE operation_id NOT IN (SELECT operation_id FROM held)
 """
+
+# How long the renewal of one lease whose row another transaction has locked waits for that
+# lock before it is left for the next round. Each skipped lease waits on its own, after every
+# other lease of the batch is renewed: a lock on one operation delays only that one.
+RENEW_LOCK_WAIT_MS = 200
+BOUNDED_LOCK_WAIT_SQL = "SELECT set_config('lock_timeout', :lock_timeout, true)"
 
 # The tail shared by every statement that ends calls: `finished` holds the calls just made
 # terminal (id, turn_id, result, status). Their outbox rows, trace events, the relayer's
@@ -356,6 +388,7 @@ VALUES (:turn_id, :call_ref, :operation_id, :event, :generation, CAST(:detail AS
 _RESERVE = db.Statement(RESERVE_SQL)
 _RENEW = db.Statement(RENEW_SQL)
 _RENEW_MANY = db.Statement(RENEW_MANY_SQL)
+_BOUNDED_LOCK_WAIT = db.Statement(BOUNDED_LOCK_WAIT_SQL)
 _COMPLETE = db.Statement(COMPLETE_SQL)
 _REFUSE = db.Statement(REFUSE_SQL)
 _REJECT = db.Statement(REJECT_SQL)
@@ -488,22 +521,52 @@ def renew(conn: Connection, lease: Lease, lease_seconds: float) -> bool:
     return row is not None
 
 
-def renew_many(
-    conn: db.RawConnection, leases: list[tuple[Lease, float]]
-) -> set[tuple[str, uuid.UUID, int]]:
-    """Renew each ``(lease, lease_seconds)`` that its owner still holds, in one statement;
-    returns ``(operation_id, owner_token, generation)`` of those renewed (the others were
-    taken over or finished: their owner must stop counting on them)."""
+LeaseKey = tuple[str, uuid.UUID, int]  # (operation_id, owner_token, generation)
+
+
+@dataclass(frozen=True)
+class Renewal:
+    """What ``renew_many`` found. ``renewed``: extended now. ``busy``: still this owner's,
+    but another transaction held the row's lock past ``RENEW_LOCK_WAIT_MS``: neither renewed
+    nor lost (the owner tries again next round; the lease's own expiry still counts). Any
+    other lease asked for was taken over or finished: its owner must stop counting on it."""
+
+    renewed: set[LeaseKey]
+    busy: set[LeaseKey]
+
+
+def renew_many(conn: db.RawConnection, leases: list[tuple[Lease, float]]) -> Renewal:
+    """Renew each ``(lease, lease_seconds)`` that its owner still holds: every unlocked row in
+    one statement that never waits, then each locked one on its own with a short lock wait
+    (see ``RENEW_MANY_SQL``)."""
+    seconds = {lease.operation_id: float(s) for lease, s in leases}
     rows = conn.execute(
         _RENEW_MANY,
         {
             "operation_ids": [lease.operation_id for lease, _ in leases],
             "owner_tokens": [lease.owner_token for lease, _ in leases],
             "generations": [lease.generation for lease, _ in leases],
-            "lease_seconds": [float(seconds) for _, seconds in leases],
+            "lease_seconds": [float(s) for _, s in leases],
         },
     )
-    return {(row.operation_id, row.owner_token, row.generation) for row in rows}
+    renewed = {(r.operation_id, r.owner_token, r.generation) for r in rows if r.renewed}
+    busy: set[LeaseKey] = set()
+    for r in sorted((r for r in rows if not r.renewed), key=lambda r: r.operation_id):
+        key = (r.operation_id, r.owner_token, r.generation)
+        params = {
+            "operation_id": r.operation_id,
+            "owner_token": r.owner_token,
+            "generation": r.generation,
+            "lease_seconds": seconds[r.operation_id],
+        }
+        try:
+            with conn.driver.transaction():
+                conn.execute(_BOUNDED_LOCK_WAIT, {"lock_timeout": f"{RENEW_LOCK_WAIT_MS}ms"})
+                if conn.first(_RENEW, params) is not None:
+                    renewed.add(key)
+        except psycopg.errors.LockNotAvailable:
+            busy.add(key)
+    return Renewal(renewed, busy)
 
 
 def result_body(status: str, payload: dict[str, Any]) -> str:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import logging
 import threading
 import time
-import uuid
 import weakref
 
 from sqlalchemy import Engine
@@ -156,7 +155,7 @@ class _Renewer:
 
     def _renew(self, due: list[Heartbeat]) -> None:
         sent = time.monotonic()
-        held: set[tuple[str, uuid.UUID, int]] | None = None
+        held: reservations.Renewal | None = None
         try:
             engine = self._engine()
             if engine is not None:
@@ -171,8 +170,11 @@ class _Renewer:
             if held is None:
                 return
             for h in due:
-                if (h.lease.operation_id, h.lease.owner_token, h.lease.generation) in held:
+                key = (h.lease.operation_id, h.lease.owner_token, h.lease.generation)
+                if key in held.renewed:
                     h.renewed(sent)
+                elif key in held.busy:  # its row is locked: next round; its expiry still counts
+                    continue
                 else:  # taken over (or finished): this owner's lease is gone
                     h.lost.set()
                     self._leases.pop(id(h), None)
