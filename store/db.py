@@ -109,20 +109,20 @@ def autocommit(engine: Engine) -> Iterator[Connection]:
 
 
 def is_transient(exc: BaseException) -> bool:
-    """A failure the same statement may not meet again: a lost or terminated connection, a
-    deadlock or serialization abort. Not bad data, not a constraint violation."""
+    """A failure the same statement may not meet again: a connect refused or failed, a lost
+    or terminated connection, a deadlock or serialization abort. Not bad data, not a
+    constraint violation. As SQLAlchemy wraps it or as the driver raised it (a connection
+    opened outside the engine, a tool's handler talking to its own database)."""
     if isinstance(exc, OperationalError):  # includes deadlock_detected, admin_shutdown
         return not isinstance(exc.orig, psycopg.errors.ProgramLimitExceeded)  # a value too big
+    if isinstance(exc, psycopg.OperationalError):  # the same errors, unwrapped
+        return not isinstance(exc, psycopg.errors.ProgramLimitExceeded)
     return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 
 def is_connection_failure(exc: BaseException) -> bool:
-    """``is_transient``, or the same failure as the driver raised it (a tool's handler
-    talking to its own database with psycopg directly)."""
-    return is_transient(exc) or (
-        isinstance(exc, psycopg.OperationalError)
-        and not isinstance(exc, psycopg.errors.ProgramLimitExceeded)
-    )
+    """Whether a tool's own downstream connection failed in a way a repeat may not meet."""
+    return is_transient(exc)
 
 
 # Exponential back-off between attempts: 50 ms, 100 ms, 200 ms, 400 ms, then 1 s, for up to
@@ -244,7 +244,16 @@ def raw_autocommit(engine: Engine) -> Iterator[RawConnection]:
     ``translate_errors`` and the retries treat it exactly alike; a lost connection is
     discarded, and so are the pool's other connections older than it (what SQLAlchemy
     does on a disconnect: after a Postgres restart they are all dead)."""
-    fairy = engine.raw_connection()
+    try:
+        fairy = engine.raw_connection()
+    except psycopg.Error as exc:
+        # A connect refused or cut (a restart, max_connections): the pool hands on the
+        # driver's own error here, where ``engine.connect()`` raises SQLAlchemy's
+        # OperationalError. Raised as that one, so the retries ride it out like a lost
+        # connection and the worker never mistakes it for a bug of its own.
+        raise DBAPIError.instance(
+            None, None, exc, psycopg.Error, hide_parameters=True, dialect=engine.dialect
+        ) from exc
     driver: Any = fairy.driver_connection
     try:
         driver.autocommit = True

@@ -1,0 +1,220 @@
+"""A worker whose PostgreSQL connections are refused, for real, in the middle of a call.
+
+The worker runs in this process (its consumer, executor and heartbeat as ``callgate worker``
+runs them) with its engine behind a door (tests/integration/pg_door.py) that the call's own
+tool shuts at a chosen moment: a refused connect and every session cut, as a PostgreSQL
+restart does. The door opens again after a few seconds. What is counted: handler invocations,
+downstream rows, the call's and operation's rows; never a returned value.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import redis
+from pydantic import BaseModel, ConfigDict
+from sqlalchemy import Engine, text
+
+from callgate.producer import Producer
+from callgate.store import db, transport
+from callgate.store.settings import Settings
+from callgate.worker.consumer import Consumer
+from callgate.worker.registry import (
+    READ_ONLY,
+    ExecutionContext,
+    Facts,
+    Principal,
+    Registry,
+    Tool,
+)
+from callgate.worker.runtime import Runtime
+from tests.integration.pg_door import Door
+
+CONTEXT = {"request_id": "r", "tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
+
+
+class TokenArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    token: str
+
+
+@dataclass
+class Hooks:
+    """What the tools do besides their work; each hook fires once."""
+
+    invocations: list[str] = field(default_factory=list)
+    before_reserve: Callable[[], None] | None = None  # from the status lookup
+    after_effect: Callable[[], None] | None = None
+
+    def fire(self, name: str) -> None:
+        hook = getattr(self, name)
+        setattr(self, name, None)
+        if hook is not None:
+            hook()
+
+
+def _registry(hooks: Hooks, effects: Engine) -> Registry:
+    def resolve(args: Any, principal: Principal) -> Facts:
+        # Runs after the call is loaded and just before it is reserved.
+        hooks.fire("before_reserve")
+        return Facts()
+
+    def probe(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
+        hooks.invocations.append(args.token)
+        return {"token": args.token}
+
+    def note(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
+        hooks.invocations.append(args.token)
+        # The write's downstream is reached directly, not through the door: it applies.
+        with effects.begin() as conn:
+            conn.execute(
+                text("INSERT INTO public.door_effects (token) VALUES (:t)"), {"t": args.token}
+            )
+        hooks.fire("after_effect")
+        return {"token": args.token}
+
+    tools = [
+        Tool("probe", "A read.", TokenArgs, "read", probe, effect=READ_ONLY, resolve=resolve),
+        # A write nothing downstream deduplicates and without a status lookup: a takeover
+        # could only end it reconciliation_pending, so only its own completion can tell.
+        Tool("note", "An un-keyed write.", TokenArgs, "write", note),
+    ]
+    return Registry.of(tools, {"support": ["probe", "note"]})
+
+
+@dataclass
+class World:
+    door: Door
+    direct: Engine
+    producer: Producer
+    hooks: Hooks
+
+    def submit(self, tool: str) -> tuple[str, str]:
+        token = uuid.uuid4().hex
+        turn = self.producer.submit(
+            [{"call_id": "c1", "tool_name": tool, "arguments": {"token": token}}], CONTEXT
+        )
+        return str(turn.calls[0].ref), token
+
+    def wait_ended(self, ref: str, timeout: float) -> dict[str, Any]:
+        deadline = time.monotonic() + timeout
+        while True:
+            row = self.row(ref)
+            if row["state"] not in ("proposed", "started") or time.monotonic() > deadline:
+                return row
+            time.sleep(0.05)
+
+    def row(self, ref: str) -> dict[str, Any]:
+        with self.direct.connect() as conn:
+            return dict(
+                conn.execute(
+                    text(
+                        "SELECT c.state, c.result #>> '{error,code}' AS code,"
+                        " o.state AS op_state, o.generation, o.result #>> '{error,code}'"
+                        " AS op_code FROM callgate.calls c JOIN callgate.operations o"
+                        " USING (operation_id) WHERE c.id = :r"
+                    ),
+                    {"r": ref},
+                )
+                .mappings()
+                .one()
+            )
+
+    def effects(self, token: str) -> int:
+        with self.direct.connect() as conn:
+            return int(
+                conn.execute(
+                    text("SELECT count(*) FROM public.door_effects WHERE token = :t"),
+                    {"t": token},
+                ).scalar_one()
+            )
+
+
+@pytest.fixture
+def world(database_url: str, redis_url: str, queue_name: str) -> Iterator[World]:
+    settings = Settings.from_env(
+        {
+            "CALLGATE_DATABASE_URL": database_url,
+            "CALLGATE_REDIS_URL": redis_url,
+            "CALLGATE_QUEUE": queue_name,
+        }
+    )
+    direct = db.create(database_url)
+    with direct.begin() as conn:
+        conn.execute(text("CREATE TABLE IF NOT EXISTS public.door_effects (token text NOT NULL)"))
+    hooks = Hooks()
+    registry = _registry(hooks, direct)
+    connection = transport.connect(redis_url)
+    producer = Producer(
+        settings=settings, engine=direct, redis_connection=connection, registry=registry
+    )
+    door = Door(database_url)
+    behind = db.create(door.url, pool_size=3, max_overflow=0, application_name="door-worker")
+    rt = Runtime(
+        settings=settings,
+        engine=behind,
+        redis=redis.Redis.from_url(redis_url),
+        queue=transport.job_queue(connection, queue_name),
+        registry=registry,
+    )
+    consumer = Consumer(rt, concurrency=2, grace_seconds=5)
+    worker = threading.Thread(target=consumer.run, daemon=True)
+    worker.start()
+    try:
+        yield World(door, direct, producer, hooks)
+    finally:
+        door.open()
+        consumer.stop()
+        worker.join(30)
+        door.close()
+        behind.dispose()
+        direct.dispose()
+
+
+def test_a_reserve_that_meets_a_refused_connect_is_retried_and_runs_once(world: World) -> None:
+    accepted: list[int] = []
+
+    def restart() -> None:
+        accepted.append(world.door.accepted)
+        world.door.shut_for(2.0, cut=True)
+
+    world.hooks.before_reserve = restart
+    ref, token = world.submit("probe")
+    row = world.wait_ended(ref, timeout=30)
+    assert (row["state"], row["code"]) == ("succeeded", None), row
+    assert world.hooks.invocations == [token]
+    assert accepted, "the door was never shut"
+    assert world.door.accepted > accepted[0]  # the reservation had to reconnect
+
+
+def test_a_completion_that_meets_a_restart_stores_the_result_it_holds(world: World) -> None:
+    """The write applied; PostgreSQL is down for 4 s as the worker completes it. The
+    completion's retries ride the outage out: succeeded, one effect, no takeover."""
+    world.hooks.after_effect = lambda: world.door.shut_for(4.0, cut=True)
+    ref, token = world.submit("note")
+    row = world.wait_ended(ref, timeout=40)
+    assert world.effects(token) == 1
+    assert world.hooks.invocations == [token]
+    assert (row["state"], row["code"], row["op_state"], row["op_code"]) == (
+        "succeeded",
+        None,
+        "succeeded",
+        None,
+    ), row
+    assert row["generation"] == 1  # completed by its owner, not by a takeover
+
+
+def test_a_refusal_longer_than_the_retry_budget_delivers_the_call_again(world: World) -> None:
+    """Refused for 13 s (past one statement's 10 s of retries) before the reservation: the
+    worker delivers the call again itself; a call that never ran never ends failed."""
+    world.hooks.before_reserve = lambda: world.door.shut_for(13.0, cut=True)
+    ref, token = world.submit("probe")
+    row = world.wait_ended(ref, timeout=60)
+    assert (row["state"], row["code"]) == ("succeeded", None), row
+    assert world.hooks.invocations == [token]
