@@ -582,11 +582,16 @@ def complete(
     status: str,
     payload: dict[str, Any],
     detail: dict[str, Any] | None = None,
+    retry_seconds: float = db.TRANSIENT_SECONDS,
 ) -> Finished:
     """Commit the outcome iff this owner still holds this generation. Else change nothing.
 
-    Retried on a lost connection or a deadlock abort: the statement is guarded, and a retry
-    that finds this very outcome already committed (its reply was lost) reports it as won.
+    Retried on a refused connect, a lost connection or a deadlock abort for up to
+    ``retry_seconds``: the statement is guarded (a takeover meanwhile makes it match no
+    row), and a retry that finds this very outcome already committed (its reply was lost)
+    reports it as won. A worker gives it as long as its lease could last: the result it
+    holds exists nowhere else, and until the lease runs out nobody can take the operation
+    over, so any outage shorter than that ends with the owner's own result.
     A value Postgres cannot store raises ``UnstorableValue`` and changes nothing.
     """
     assert status in TERMINAL_STATES
@@ -622,7 +627,7 @@ def complete(
                 return Finished(0, [], won=mine is not None)
             return Finished(0, [], won=False)
 
-    return _storing(attempt)
+    return _storing(attempt, seconds=max(retry_seconds, db.TRANSIENT_SECONDS))
 
 
 def refuse(
@@ -753,12 +758,12 @@ def _finish_statement(engine: Engine, sql: db.Statement, params: dict[str, Any])
     return Finished(row.finished, list(row.successors))
 
 
-def _storing(attempt: Callable[[], _T]) -> _T:
+def _storing(attempt: Callable[[], _T], *, seconds: float = db.TRANSIENT_SECONDS) -> _T:
     """Run a statement that stores a result: retried while the failure is transient; a
     value Postgres refuses to store (a NUL character, an invalid escape) is reported as
     ``UnstorableValue``, since no retry can ever commit it."""
     try:
-        return db.retry_transient(attempt)
+        return db.retry_until(attempt, seconds=seconds)
     except (DataError, OperationalError) as exc:
         if isinstance(exc, OperationalError) and db.is_transient(exc):
             raise  # out of retries: the job fails, and the sweeper dispatches the call again

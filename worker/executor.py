@@ -461,7 +461,14 @@ def _complete(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> str
     applied; its result is lost)."""
     try:
         finished = reservations.complete(
-            d.rt.engine, lease, status=outcome.status, payload=outcome.payload, detail=d.audit
+            d.rt.engine,
+            lease,
+            status=outcome.status,
+            payload=outcome.payload,
+            detail=d.audit,
+            # The result exists only here: PostgreSQL being unreachable for longer than one
+            # statement's retries must not drop it while the lease could still be ours.
+            retry_seconds=d.rt.settings.lease_seconds,
         )
     except UnstorableValue as exc:
         log.warning("call %s: %s", d.call.call_id, exc.message)

@@ -218,3 +218,21 @@ def test_a_refusal_longer_than_the_retry_budget_delivers_the_call_again(world: W
     row = world.wait_ended(ref, timeout=60)
     assert (row["state"], row["code"]) == ("succeeded", None), row
     assert world.hooks.invocations == [token]
+
+
+def test_a_completion_outlasts_an_outage_longer_than_one_statements_retries(
+    world: World,
+) -> None:
+    """Down 13 s (past the 10 s a statement is retried, inside the 30 s lease) as the worker
+    completes an applied write: the completion keeps its result and stores it itself."""
+    world.hooks.after_effect = lambda: world.door.shut_for(13.0, cut=True)
+    ref, token = world.submit("note")
+    row = world.wait_ended(ref, timeout=60)
+    assert world.effects(token) == 1
+    assert world.hooks.invocations == [token]
+    assert (row["state"], row["op_state"], row["op_code"], row["generation"]) == (
+        "succeeded",
+        "succeeded",
+        None,
+        1,
+    ), row
