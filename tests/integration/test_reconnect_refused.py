@@ -23,6 +23,7 @@ from sqlalchemy import Engine, text
 
 from callgate.producer import Producer
 from callgate.store import db, transport
+from callgate.store.errors import ServiceUnavailable
 from callgate.store.settings import Settings
 from callgate.worker.consumer import Consumer
 from callgate.worker.registry import (
@@ -236,3 +237,28 @@ def test_a_completion_outlasts_an_outage_longer_than_one_statements_retries(
         None,
         1,
     ), row
+
+
+def test_every_way_to_a_connection_names_a_refused_connect_an_outage(database_url: str) -> None:
+    """The worker's pooled driver connections (load, reserve, renew, complete), SQLAlchemy's
+    (sweeper, relayer, producer, API) and a transaction (submit, relayer claim): a refused
+    connect is transient (retried, then delivered again) and reads as ``database_unavailable``,
+    never as the driver's raw error a retry gives up on."""
+    door = Door(database_url)
+    engine = db.create(door.url)
+    try:
+        door.shut()
+        ways: dict[str, Callable[[], Any]] = {
+            "raw_autocommit": lambda: db.raw_autocommit(engine).__enter__(),
+            "autocommit": lambda: db.autocommit(engine).__enter__(),
+            "begin": lambda: engine.begin().__enter__(),
+        }
+        for name, way in ways.items():
+            with pytest.raises(Exception) as caught:
+                way()
+            assert db.is_transient(caught.value), (name, caught.value)
+            with pytest.raises(ServiceUnavailable), db.translate_errors(name):
+                way()
+    finally:
+        door.close()
+        engine.dispose()
