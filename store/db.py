@@ -14,6 +14,7 @@ from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, create_engine
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from callgate.store.errors import ConfigurationError, InputError, ServiceUnavailable
 
@@ -117,6 +118,8 @@ def is_transient(exc: BaseException) -> bool:
         return not isinstance(exc.orig, psycopg.errors.ProgramLimitExceeded)  # a value too big
     if isinstance(exc, psycopg.OperationalError):  # the same errors, unwrapped
         return not isinstance(exc, psycopg.errors.ProgramLimitExceeded)
+    if isinstance(exc, PoolTimeout):  # every pooled connection stayed busy: not this call's bug
+        return True
     return isinstance(exc, DBAPIError) and exc.connection_invalidated
 
 

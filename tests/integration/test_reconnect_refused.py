@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import redis
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 
 from callgate.producer import Producer
 from callgate.store import db, transport
@@ -261,4 +261,22 @@ def test_every_way_to_a_connection_names_a_refused_connect_an_outage(database_ur
                 way()
     finally:
         door.close()
+        engine.dispose()
+
+
+def test_no_free_pooled_connection_is_an_outage_not_a_bug(database_url: str) -> None:
+    """Every pooled connection busy past the pool's timeout: the call never ran, so the worker
+    must deliver it again rather than end it as if its gate had failed."""
+    engine = create_engine(
+        db.sqlalchemy_url(database_url), pool_size=1, max_overflow=0, pool_timeout=0.2
+    )
+    try:
+        with (
+            db.raw_autocommit(engine),
+            pytest.raises(Exception) as caught,
+            db.raw_autocommit(engine),
+        ):
+            pass
+        assert db.is_transient(caught.value), caught.value
+    finally:
         engine.dispose()
