@@ -3,12 +3,15 @@
 Shut, its listening socket is closed: a new connection is refused by the kernel (the driver
 sees ``ECONNREFUSED``, as during a restart); with ``cut``, every session through it is
 closed too, as a restart cuts them. Opened again, it listens on the same port.
+``reset_next(n)`` resets the next ``n`` connections as they arrive, as a server at
+``max_connections`` or going down turns them away: one failed connect, then service again.
 """
 
 from __future__ import annotations
 
 import contextlib
 import socket
+import struct
 import threading
 
 from sqlalchemy.engine import make_url
@@ -23,6 +26,8 @@ class Door:
         self._listener: socket.socket | None = None
         self._sessions: set[socket.socket] = set()
         self.accepted = 0
+        self._reset = 0
+        self.reset = 0  # connections turned away by reset_next
         probe = socket.socket()
         probe.bind(("127.0.0.1", 0))
         self.port: int = probe.getsockname()[1]
@@ -59,6 +64,17 @@ class Door:
                 s.shutdown(socket.SHUT_RDWR)
             s.close()
 
+    def reset_next(self, n: int = 1, *, cut: bool = True) -> None:
+        """Turn the next ``n`` connections away (RST); with ``cut``, also close every open
+        session first, so the next statement needs a new connection."""
+        with self._lock:
+            self._reset = n
+            sessions = list(self._sessions) if cut else []
+        for s in sessions:
+            with contextlib.suppress(OSError):
+                s.shutdown(socket.SHUT_RDWR)
+            s.close()
+
     def shut_for(self, seconds: float, *, cut: bool = False) -> threading.Timer:
         """Shut now, open again after ``seconds``."""
         self.shut(cut=cut)
@@ -76,6 +92,15 @@ class Door:
                 client, _ = listener.accept()
             except OSError:
                 return  # shut
+            with self._lock:
+                turn_away = self._reset > 0
+                if turn_away:
+                    self._reset -= 1
+                    self.reset += 1
+            if turn_away:
+                client.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                client.close()
+                continue
             try:
                 server = socket.create_connection(self.upstream)
             except OSError:

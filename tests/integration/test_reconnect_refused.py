@@ -194,6 +194,18 @@ def test_a_reserve_that_meets_a_refused_connect_is_retried_and_runs_once(world: 
     assert world.door.accepted > accepted[0]  # the reservation had to reconnect
 
 
+def test_one_connect_turned_away_before_the_reserve_does_not_end_the_call(world: World) -> None:
+    """One failed connect (the server turns it away, then serves again), met by the
+    reservation after its pooled connection was cut: retried, not taken for a gate bug (which
+    ended a call that never ran ``failed_terminal execution_failed``)."""
+    world.hooks.before_reserve = lambda: world.door.reset_next(1, cut=True)
+    ref, token = world.submit("probe")
+    row = world.wait_ended(ref, timeout=30)
+    assert (row["state"], row["code"]) == ("succeeded", None), row
+    assert world.hooks.invocations == [token]
+    assert world.door.reset == 1  # the reservation did meet the failed connect
+
+
 def test_a_completion_that_meets_a_restart_stores_the_result_it_holds(world: World) -> None:
     """The write applied; PostgreSQL is down for 4 s as the worker completes it. The
     completion's retries ride the outage out: succeeded, one effect, no takeover."""
