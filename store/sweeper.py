@@ -8,11 +8,20 @@ is simply gone. Postgres knows better. An open call is due when
   too is dispatched again, as often as it takes;
 - or nobody holds its operation, its predecessor (if any) is terminal, and it has waited
   longer than ``stale_seconds`` since its last dispatch (a lost enqueue, a lost job);
+- or nobody holds it and its predecessor ended more than ``successor_grace`` seconds ago
+  without it being dispatched since (the worker that ended the predecessor marked it
+  dispatched and died before its enqueue reached Redis);
 - or it waits for an approval request that is no longer pending (a call that parked while
   the request was being decided): it goes back to ``proposed`` and runs the gate again,
   which resumes it, denies it or asks again.
 
-A due call is marked and enqueued in one transaction: the mark commits only after Redis
+Due is not lost. A call's job id is its ref, so one round trip per batch asks Redis where
+each due call's job is: still waiting in the queue, or taken by a live worker (for a call
+nobody holds), the call is in a backlog, not lost; it is not enqueued again (no duplicates
+pile up), not counted against ``max_dispatches``, only noted as seen (``queued_seen_at``,
+which keeps it out of the next sweeps for ``stale_seconds``). A backlog never ends a call.
+
+A lost call is marked and enqueued in one transaction: the mark commits only after Redis
 took the jobs, so a sweep while Redis is down changes nothing and the next one tries again.
 Re-dispatch is safe: the reservation CAS lets one delivery run and the others count as
 duplicates.
@@ -30,7 +39,7 @@ Every worker process sweeps too (on a thread, ``CALLGATE_WORKER_SWEEP``), so rec
 not depend on the sweeper process; several sweepers at once are safe (``SKIP LOCKED``, and a
 duplicate dispatch is only counted).
 
-A call dispatched ``max_dispatches`` times that is still open (a job that kills its worker
+A call dispatched ``max_dispatches`` times that is still open and lost (a job that kills its worker
 every time, a completion that can never commit) is not dispatched again: it ends with
 ``delivery_exhausted``, or ``reconciliation_pending`` if it is a write whose operation was
 started, since that write may have applied.

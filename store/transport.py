@@ -71,14 +71,22 @@ def job_id(ref: uuid.UUID | str) -> str:
 
 
 def enqueue_calls(queue: Queue, call_refs: Iterable[uuid.UUID], *, timeout: float) -> int:
-    """Enqueue one job per call in one Redis round trip. Jobs carry only the call's ref.
+    """Enqueue one job per call in two Redis round trips. Jobs carry only the call's ref.
 
-    A call's first job in the list gets the call's own id (``job_id``); a repeat in the
-    same list (a test or drill that sends duplicates on purpose) gets a random one, since
-    one round trip cannot save two jobs under one id."""
-    seen: set[str] = set()
+    A call's job gets the call's own id (``job_id``) unless a job of that id already
+    waits (a duplicate sent on purpose, or a second enqueue racing the first), or the call
+    repeats in ``call_refs``: those get a random id, so each copy is still delivered rather
+    than overwriting the waiting one. Finding out costs one pipelined EXISTS round trip."""
+    refs = list(call_refs)
+    if not refs:
+        return 0
+    with translate_errors("enqueue"), queue.connection.pipeline(transaction=False) as pipe:
+        for ref in refs:
+            pipe.exists(Job.redis_job_namespace_prefix + job_id(ref))
+        waiting = pipe.execute()
+    seen = {job_id(ref) for ref, exists in zip(refs, waiting, strict=True) if exists}
     datas = []
-    for ref in call_refs:
+    for ref in refs:
         own = job_id(ref)
         datas.append(
             Queue.prepare_data(
@@ -92,8 +100,6 @@ def enqueue_calls(queue: Queue, call_refs: Iterable[uuid.UUID], *, timeout: floa
             )
         )
         seen.add(own)
-    if not datas:
-        return 0
     with translate_errors("enqueue"):
         queue.enqueue_many(datas)
     return len(datas)
