@@ -39,8 +39,8 @@ Every worker process sweeps too (on a thread, ``CALLGATE_WORKER_SWEEP``), so rec
 not depend on the sweeper process; several sweepers at once are safe (``SKIP LOCKED``, and a
 duplicate dispatch is only counted).
 
-A call dispatched ``max_dispatches`` times that is still open and lost (a job that kills its worker
-every time, a completion that can never commit) is not dispatched again: it ends with
+A call dispatched ``max_dispatches`` times that is still open and lost (a job that kills
+its worker every time, a completion that can never commit) is not dispatched again: it ends with
 ``delivery_exhausted``, or ``reconciliation_pending`` if it is a write whose operation was
 started, since that write may have applied.
 """
