@@ -255,6 +255,7 @@ def sweeper_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
             transport.job_queue(connection, settings.queue),
             interval=settings.sweep_seconds,
             stale_seconds=settings.stale_seconds,
+            successor_grace=settings.successor_grace_seconds,
             job_timeout=settings.job_timeout_seconds,
             max_dispatches=settings.max_dispatches,
             stop=stop,

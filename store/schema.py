@@ -125,6 +125,9 @@ calls = Table(
     Column("result", JSONB),
     Column("dispatches", Integer, nullable=False, server_default="0"),
     Column("dispatched_at", DateTime(timezone=True)),
+    # When a sweeper last found this call's job still waiting in Redis (a backlog, not a
+    # loss): the next look waits another stale period, and nothing is counted.
+    Column("queued_seen_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("completed_at", DateTime(timezone=True)),
     UniqueConstraint("turn_id", "call_id", name="calls_turn_call_id"),

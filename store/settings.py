@@ -89,6 +89,9 @@ class Settings:
     lease_seconds: float = 30.0
     sweep_seconds: float = 5.0
     stale_seconds: float = 60.0
+    # How long the next write of a turn may go undispatched after its previous write ended
+    # before a sweeper looks for its job in Redis (its dispatcher may have died).
+    successor_grace_seconds: float = 5.0
     relayer_batch: int = 100
     job_timeout_seconds: float = 300.0
     turn_call_budget: int = 32
@@ -133,6 +136,9 @@ class Settings:
             lease_seconds=lease,
             sweep_seconds=_float(env, "CALLGATE_SWEEP_SECONDS", 5.0, minimum=0.05),
             stale_seconds=_float(env, "CALLGATE_STALE_SECONDS", 60.0, minimum=0.1),
+            successor_grace_seconds=_float(
+                env, "CALLGATE_SUCCESSOR_GRACE_SECONDS", 5.0, minimum=0.1
+            ),
             relayer_batch=_int(env, "CALLGATE_RELAYER_BATCH", 100, minimum=1),
             job_timeout_seconds=_float(env, "CALLGATE_JOB_TIMEOUT_SECONDS", 300.0, minimum=1),
             turn_call_budget=_int(env, "CALLGATE_TURN_CALL_BUDGET", 32, minimum=1),

@@ -8,11 +8,20 @@ is simply gone. Postgres knows better. An open call is due when
   too is dispatched again, as often as it takes;
 - or nobody holds its operation, its predecessor (if any) is terminal, and it has waited
   longer than ``stale_seconds`` since its last dispatch (a lost enqueue, a lost job);
+- or nobody holds it and its predecessor ended more than ``successor_grace`` seconds ago
+  without it being dispatched since (the worker that ended the predecessor marked it
+  dispatched and died before its enqueue reached Redis);
 - or it waits for an approval request that is no longer pending (a call that parked while
   the request was being decided): it goes back to ``proposed`` and runs the gate again,
   which resumes it, denies it or asks again.
 
-A due call is marked and enqueued in one transaction: the mark commits only after Redis
+Due is not lost. A call's job id is its ref, so one round trip per batch asks Redis where
+each due call's job is: still waiting in the queue, or taken by a live worker (for a call
+nobody holds), the call is in a backlog, not lost; it is not enqueued again (no duplicates
+pile up), not counted against ``max_dispatches``, only noted as seen (``queued_seen_at``,
+which keeps it out of the next sweeps for ``stale_seconds``). A backlog never ends a call.
+
+A lost call is marked and enqueued in one transaction: the mark commits only after Redis
 took the jobs, so a sweep while Redis is down changes nothing and the next one tries again.
 Re-dispatch is safe: the reservation CAS lets one delivery run and the others count as
 duplicates.
@@ -30,8 +39,8 @@ Every worker process sweeps too (on a thread, ``CALLGATE_WORKER_SWEEP``), so rec
 not depend on the sweeper process; several sweepers at once are safe (``SKIP LOCKED``, and a
 duplicate dispatch is only counted).
 
-A call dispatched ``max_dispatches`` times that is still open (a job that kills its worker
-every time, a completion that can never commit) is not dispatched again: it ends with
+A call dispatched ``max_dispatches`` times that is still open and lost (a job that kills
+its worker every time, a completion that can never commit) is not dispatched again: it ends with
 ``delivery_exhausted``, or ``reconciliation_pending`` if it is a write whose operation was
 started, since that write may have applied.
 """
@@ -55,24 +64,35 @@ from callgate.store.errors import ErrorCode
 log = logging.getLogger("callgate.sweeper")
 
 # Two index-backed halves: open calls by their last dispatch (calls_open), and parked calls
-# (calls_awaiting). Terminal history is never scanned.
+# (calls_awaiting). Terminal history is never scanned. ``last`` is when the call was last
+# dispatched or last found waiting in Redis (queued_seen_at), whichever is later.
 DUE_SQL = """
 WITH candidates AS (
     SELECT c.id
       FROM callgate.calls AS c
       JOIN callgate.operations AS op USING (operation_id)
       LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
+      CROSS JOIN LATERAL (SELECT greatest(c.dispatched_at, c.queued_seen_at) AS at) AS last
      WHERE c.state IN ('proposed', 'started')
        AND (
+             -- its owner's lease expired and nothing was dispatched (or seen queued) since
              (op.state = 'in_progress' AND op.lease_expires_at < now()
-              AND (c.dispatched_at IS NULL
-                   OR c.dispatched_at < greatest(op.lease_expires_at,
-                                                 now() - make_interval(secs => :stale_seconds))))
+              AND (last.at IS NULL
+                   OR last.at < greatest(op.lease_expires_at,
+                                         now() - make_interval(secs => :stale_seconds))))
           OR (op.state <> 'in_progress'
               AND (prev.id IS NULL
                    OR prev.state IN ('succeeded', 'failed_retryable', 'failed_terminal'))
-              AND (c.dispatched_at IS NULL
-                   OR c.dispatched_at < now() - make_interval(secs => :stale_seconds)))
+              AND (
+                    -- the stale rule: nothing heard of it for a stale period
+                    last.at IS NULL
+                 OR last.at < now() - make_interval(secs => :stale_seconds)
+                    -- the next write of a turn whose previous write ended a grace period
+                    -- ago, not dispatched (nor seen queued) since: the completion that
+                    -- marked it may have died before its enqueue reached Redis
+                 OR (prev.completed_at < now() - make_interval(secs => :successor_grace)
+                     AND last.at <= prev.completed_at)
+                  ))
            )
     UNION ALL
     SELECT c.id
@@ -89,6 +109,13 @@ SELECT c.id, c.state, c.kind, c.dispatches, c.operation_id,
  ORDER BY c.dispatched_at NULLS FIRST
  LIMIT :batch
    FOR UPDATE OF c SKIP LOCKED
+"""
+
+# A due call whose job Redis still holds is waiting, not lost: it is neither dispatched
+# again (no duplicate piles up in the queue) nor counted against its dispatch budget.
+# Noting when it was seen keeps it out of the next sweeps for a stale period.
+SEEN_QUEUED_SQL = """
+UPDATE callgate.calls SET queued_seen_at = now() WHERE id = ANY(:refs)
 """
 
 MARK_SQL = """
@@ -145,19 +172,35 @@ def sweep_once(
     stale_seconds: float,
     job_timeout: float,
     max_dispatches: int,
+    successor_grace: float = 5.0,
     batch: int = 100,
 ) -> Sweep:
-    """Re-dispatch due calls; end those out of dispatches. Returns what it did."""
+    """Re-dispatch due calls whose delivery is lost; end those out of dispatches. Returns
+    what it did. A due call whose job Redis still holds is only noted (``SEEN_QUEUED_SQL``)."""
     with engine.begin() as conn:
         due = [
             _Due(r.id, r.state, r.kind, r.dispatches, r.operation_id, r.op_state, r.generation)
-            for r in conn.execute(text(DUE_SQL), {"stale_seconds": stale_seconds, "batch": batch})
+            for r in conn.execute(
+                text(DUE_SQL),
+                {
+                    "stale_seconds": stale_seconds,
+                    "successor_grace": successor_grace,
+                    "batch": batch,
+                },
+            )
         ]
+        # One round trip for the batch, inside the transaction: if Redis cannot answer,
+        # nothing is marked and the next sweep asks again.
+        states = transport.job_states(queue, [d.ref for d in due if d.state != "awaiting_approval"])
+        waiting = [d for d in due if _waiting(d, states.get(d.ref))]
+        lost = [d for d in due if d not in waiting]
         spent = [
-            d for d in due if d.state != "awaiting_approval" and d.dispatches >= max_dispatches
+            d for d in lost if d.state != "awaiting_approval" and d.dispatches >= max_dispatches
         ]
-        redo = [d for d in due if d not in spent]
+        redo = [d for d in lost if d not in spent]
         again = [d.ref for d in redo]
+        if waiting:
+            conn.execute(text(SEEN_QUEUED_SQL), {"refs": [d.ref for d in waiting]})
         if again:
             conn.execute(text(MARK_SQL), {"refs": again})
             # Inside the transaction: if Redis refuses, the marks roll back with it.
@@ -177,6 +220,16 @@ def sweep_once(
     return Sweep(again, ended)
 
 
+def _waiting(due: _Due, job: str | None) -> bool:
+    """Is the delivery of a due call still under way in Redis? Its job waits in the queue;
+    or, for a call nobody holds, a live worker has taken it (and has not returned it). A
+    call whose lease expired is taken over even if a live worker still lists it: the lease
+    alone decides who runs a reserved call, and that worker has stopped renewing it."""
+    if job == "queued":
+        return True
+    return job == "taken" and due.op_state != "in_progress"
+
+
 def _reason(due: _Due) -> str:
     """Why a call is due again, as ``callgate_sweeper_redispatches_total`` labels it."""
     if due.state == "awaiting_approval":
@@ -194,9 +247,9 @@ def _end(
         ErrorCode.DELIVERY_EXHAUSTED, f"dispatched {max_dispatches} times without finishing"
     )
     detail = {"dispatches": due.dispatches}
+    error = exhausted
     if due.op_state == "in_progress":
         # Its owner's lease expired: the handler started and may have applied.
-        error = exhausted
         if due.kind == "write":
             error = _error(
                 ErrorCode.RECONCILIATION_PENDING,
@@ -369,6 +422,8 @@ def _recover_worker(
         keys=[queue.key, transport.taking_key(name, worker)]
     )
     taken_key = transport.taken_key(name, worker)
+    # Only what was read here is removed below (HDEL, not DEL): a worker that was only
+    # slow (stopped, paused) may wake up meanwhile and take more, and those stay listed.
     taken: dict[bytes, bytes] = conn.hgetall(taken_key)  # type: ignore[assignment]
     refs = [r for r in (transport.call_ref(data) for data in taken.values()) if r is not None]
     again: list[uuid.UUID] = []
@@ -382,7 +437,8 @@ def _recover_worker(
             max_dispatches=max_dispatches,
             reason="worker_lost",
         )
-    conn.delete(taken_key)
+    if taken:
+        conn.hdel(taken_key, *taken)
     log.warning(
         "worker %s stopped beating: re-dispatched %d of the %d call(s) it had taken",
         worker,
@@ -400,6 +456,7 @@ def run(
     stale_seconds: float,
     job_timeout: float,
     max_dispatches: int,
+    successor_grace: float = 5.0,
     stop: threading.Event | None = None,
     jitter: float = 0.0,
 ) -> None:
@@ -428,6 +485,7 @@ def run(
                 stale_seconds=stale_seconds,
                 job_timeout=job_timeout,
                 max_dispatches=max_dispatches,
+                successor_grace=successor_grace,
             )
         except Exception as exc:  # a sweep that fails is retried on the next tick
             log.warning("sweeper: %s", exc)

@@ -17,6 +17,7 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
+from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from callgate.store.errors import ConfigurationError, ErrorCode, ServiceUnavailable
@@ -63,21 +64,42 @@ def job_queue(connection: redis.Redis, name: str) -> Queue:
     return Queue(name, connection=connection, serializer=JSONSerializer)
 
 
+def job_id(ref: uuid.UUID | str) -> str:
+    """A call's job id is its ref, so a sweeper can ask Redis whether the call's job is
+    still waiting (``JOB_STATES_LUA``) instead of guessing from the time since dispatch."""
+    return str(ref)
+
+
 def enqueue_calls(queue: Queue, call_refs: Iterable[uuid.UUID], *, timeout: float) -> int:
-    """Enqueue one job per call in one Redis round trip. Jobs carry only the call's ref."""
-    datas = [
-        Queue.prepare_data(
-            JOB_FUNCTION,
-            args=(str(ref),),
-            timeout=int(timeout),
-            result_ttl=0,
-            failure_ttl=FAILED_JOB_TTL_SECONDS,
-            description=f"call {ref}",
-        )
-        for ref in call_refs
-    ]
-    if not datas:
+    """Enqueue one job per call in two Redis round trips. Jobs carry only the call's ref.
+
+    A call's job gets the call's own id (``job_id``) unless a job of that id already
+    waits (a duplicate sent on purpose, or a second enqueue racing the first), or the call
+    repeats in ``call_refs``: those get a random id, so each copy is still delivered rather
+    than overwriting the waiting one. Finding out costs one pipelined EXISTS round trip."""
+    refs = list(call_refs)
+    if not refs:
         return 0
+    with translate_errors("enqueue"), queue.connection.pipeline(transaction=False) as pipe:
+        for ref in refs:
+            pipe.exists(Job.redis_job_namespace_prefix + job_id(ref))
+        waiting = pipe.execute()
+    seen = {job_id(ref) for ref, exists in zip(refs, waiting, strict=True) if exists}
+    datas = []
+    for ref in refs:
+        own = job_id(ref)
+        datas.append(
+            Queue.prepare_data(
+                JOB_FUNCTION,
+                args=(str(ref),),
+                timeout=int(timeout),
+                result_ttl=0,
+                failure_ttl=FAILED_JOB_TTL_SECONDS,
+                description=f"call {ref}",
+                job_id=None if own in seen else own,
+            )
+        )
+        seen.add(own)
     with translate_errors("enqueue"):
         queue.enqueue_many(datas)
     return len(datas)
@@ -116,12 +138,17 @@ def workers_key(queue: str) -> str:
     return f"callgate:{queue}:workers"
 
 
+def worker_prefix(queue: str) -> str:
+    """What every per-worker key starts with (``JOB_STATES_LUA`` builds them from it)."""
+    return f"callgate:{queue}:worker:"
+
+
 def liveness_key(queue: str, worker: str) -> str:
-    return f"callgate:{queue}:worker:{worker}:alive"
+    return f"{worker_prefix(queue)}{worker}:alive"
 
 
 def taken_key(queue: str, worker: str) -> str:
-    return f"callgate:{queue}:worker:{worker}:taken"
+    return f"{worker_prefix(queue)}{worker}:taken"
 
 
 def taking_key(queue: str, worker: str) -> str:
@@ -172,6 +199,54 @@ for _, id in ipairs(ids) do redis.call('RPUSH', KEYS[1], id) end
 redis.call('DEL', KEYS[2])
 return #ids
 """
+
+
+# KEYS: the workers set. ARGV: the job key prefix, the worker key prefix, then job ids.
+# Returns, per job id, where its job is: 'queued' (its job hash exists: it waits in the
+# queue, or in a taking list), 'taken' (in the taken hash of a worker whose liveness key
+# exists), or 'absent' (nowhere Redis knows of: the delivery was lost, or it returned
+# without ending the call). One round trip for a sweep's whole batch.
+JOB_STATES_LUA = """
+local live = {}
+for _, w in ipairs(redis.call('SMEMBERS', KEYS[1])) do
+  if redis.call('EXISTS', ARGV[2] .. w .. ':alive') == 1 then
+    table.insert(live, ARGV[2] .. w .. ':taken')
+  end
+end
+local out = {}
+for i = 3, #ARGV do
+  local state = 'absent'
+  if redis.call('EXISTS', ARGV[1] .. ARGV[i]) == 1 then
+    state = 'queued'
+  else
+    for _, taken in ipairs(live) do
+      if redis.call('HEXISTS', taken, ARGV[i]) == 1 then
+        state = 'taken'
+        break
+      end
+    end
+  end
+  table.insert(out, state)
+end
+return out
+"""
+
+
+def job_states(queue: Queue, refs: list[uuid.UUID]) -> dict[uuid.UUID, str]:
+    """Where each call's job is now: 'queued', 'taken' (by a live worker) or 'absent'."""
+    if not refs:
+        return {}
+    conn: redis.Redis = queue.connection
+    with translate_errors("job lookup"):
+        states = conn.register_script(JOB_STATES_LUA)(
+            keys=[workers_key(queue.name)],
+            args=[
+                Job.redis_job_namespace_prefix,
+                worker_prefix(queue.name),
+                *(job_id(r) for r in refs),
+            ],
+        )
+    return {ref: s.decode() for ref, s in zip(refs, states, strict=True)}
 
 
 def call_ref(data: bytes | None) -> uuid.UUID | None:

@@ -84,6 +84,7 @@ def start_sweeping(settings: Settings, redis: Any, stop: threading.Event) -> thr
         kwargs={
             "interval": settings.sweep_seconds,
             "stale_seconds": settings.stale_seconds,
+            "successor_grace": settings.successor_grace_seconds,
             "job_timeout": settings.job_timeout_seconds,
             "max_dispatches": settings.max_dispatches,
             "stop": stop,

@@ -292,7 +292,7 @@ def test_the_sweeper_reads_only_open_and_parked_calls(engine: Engine) -> None:
         conn.execute(text("ANALYZE callgate.calls"))
         plan_rows = conn.execute(
             text("EXPLAIN (FORMAT JSON) " + sweeper.DUE_SQL),
-            {"stale_seconds": 60, "batch": 100},
+            {"stale_seconds": 60, "successor_grace": 5, "batch": 100},
         ).scalar()
     scans = _scans(plan_rows[0]["Plan"] if isinstance(plan_rows, list) else json.loads(plan_rows))
     assert ("Seq Scan", "calls") not in scans, scans
