@@ -30,7 +30,7 @@ from rq.serializers import JSONSerializer
 
 from callgate.store import db, metrics, transport
 from callgate.store.errors import ServiceUnavailable
-from callgate.worker import executor
+from callgate.worker import executor, heartbeat
 from callgate.worker.runtime import Runtime
 
 log = logging.getLogger("callgate.worker")
@@ -62,6 +62,10 @@ class Consumer:
         self.done = 0
         self._slots = threading.Condition()
         self._stopping = threading.Event()
+        self._stop_requested_at: float | None = None
+        # Calls still running when the grace period ended: their leases are no longer renewed,
+        # and the process must exit without waiting for them (see ``process.run``).
+        self.abandoned = 0
         # Registered with RQ only so that `rq info` and Worker.all() see this process.
         self._registration = SimpleWorker(
             [rt.queue], connection=rt.redis, name=name, serializer=JSONSerializer
@@ -80,7 +84,10 @@ class Consumer:
         self._liveness = Liveness(rt, self.name)
 
     def stop(self) -> None:
-        """Take no more calls; the ones in flight finish (within the grace period)."""
+        """Take no more calls; the ones in flight finish (within the grace period, counted
+        from the first request to stop)."""
+        if self._stop_requested_at is None:
+            self._stop_requested_at = time.monotonic()
         self._stopping.set()
         with self._slots:
             self._slots.notify_all()
@@ -118,7 +125,11 @@ class Consumer:
                         self._registration.heartbeat()
                     next_heartbeat = time.monotonic() + REGISTRATION_HEARTBEAT_SECONDS
         finally:
-            self._drain()
+            self.abandoned = self._drain()
+            if self.abandoned:
+                # Before anything else: past the grace no lease of this process moves again,
+                # so the calls it leaves are taken over when their leases run out.
+                heartbeat.stop_renewing(self.rt.engine)
             pool.shutdown(wait=False, cancel_futures=True)
             with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
                 self._liveness.stop(self._pop_returned(), in_flight=self.in_flight)
@@ -184,18 +195,22 @@ class Consumer:
                 self.done += 1
                 self._slots.notify_all()
 
-    def _drain(self) -> None:
-        deadline = time.monotonic() + self.grace_seconds
+    def _drain(self) -> int:
+        """Wait for the calls in flight until the grace period ends; the count still running."""
+        start = self._stop_requested_at or time.monotonic()
+        deadline = start + self.grace_seconds
         with self._slots:
             while self.in_flight and time.monotonic() < deadline:
                 self._slots.wait(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
             if self.in_flight:
                 log.warning(
-                    "%d call(s) still running after %.0f s; their leases will expire and "
-                    "another worker takes them over",
+                    "%d call(s) still running after the %g s grace period; their leases are "
+                    "no longer renewed, this worker exits, and another worker takes them over "
+                    "once the leases expire",
                     self.in_flight,
                     self.grace_seconds,
                 )
+            return self.in_flight
 
 
 def _outage(exc: BaseException) -> bool:
