@@ -141,6 +141,8 @@ class _Renewer:
             overdue = overdue and not self._closed
             if overdue and heartbeat.gives_up(now):
                 return
+            if overdue:
+                self._in_flight.add(id(heartbeat))  # ``close`` waits for it too
         if overdue:
             self._renew([heartbeat])
 
