@@ -67,10 +67,13 @@ def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> 
     try:
         with transport.translate_errors("worker"):
             consumer.run()
+    except KeyboardInterrupt:
+        if consumer.abandoned:  # Ctrl-C: a stop asked for, as SIGTERM is
+            _exit_now(0)
+        raise
     except BaseException:
         if consumer.abandoned:
-            if not isinstance(sys.exc_info()[1], KeyboardInterrupt):
-                log.exception("worker stopped with %d call(s) in flight", consumer.abandoned)
+            log.exception("worker stopped with %d call(s) in flight", consumer.abandoned)
             _exit_now(1)
         raise
     finally:
