@@ -144,12 +144,17 @@ def cli(log_level: str, log_format: logs.LogFormat) -> None:
 @cli.command("migrate")
 @click.option(
     "--demo-downstream/--no-demo-downstream",
-    default=True,
+    default=False,
     show_default=True,
-    help="Also create and seed the demo downstream schema (payments, mail).",
+    help="Also create and seed the demo tools' downstream schema `downstream` (payments, "
+    "mail), only where callgate's demo created it or no such schema exists.",
 )
 def migrate_cmd(demo_downstream: bool) -> None:
-    """Apply callgate's migrations to CALLGATE_DATABASE_URL (safe to repeat)."""
+    """Apply callgate's migrations to CALLGATE_DATABASE_URL (safe to repeat).
+
+    Touches only callgate's own schema; the demo tools' downstream is installed only with
+    --demo-downstream (the demo, and `up` with the demo tools, install it themselves).
+    """
     settings = _settings()
     _migrate(settings, demo_downstream=demo_downstream, reset_demo=False)
     click.echo("migrated")
@@ -171,6 +176,11 @@ def _migrate(settings: Settings, *, demo_downstream: bool, reset_demo: bool) -> 
                 )
     finally:
         engine.dispose()
+
+
+def _runs_demo_tools(settings: Settings) -> bool:
+    """The stack runs the demo tools, so it needs their downstream schema."""
+    return (settings.tools or "").startswith("callgate.worker.demo.")
 
 
 @cli.command("worker")
@@ -301,7 +311,7 @@ def up_cmd(workers: int, data_dir: Path, metrics_port: int | None) -> None:
     stack = Stack(env={}, workers=workers, metrics_port=base)
     check_ports_free(stack.metrics_ports(), _settings().metrics_host)
     with _services(_settings(), data_dir) as settings:
-        _migrate(settings, demo_downstream=True, reset_demo=False)
+        _migrate(settings, demo_downstream=_runs_demo_tools(settings), reset_demo=False)
         env = _service_env(settings)
         click.echo("callgate is up. In another shell:")
         for key, value in env.items():

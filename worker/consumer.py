@@ -21,16 +21,16 @@ import threading
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from typing import cast
 
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisError
 from rq import SimpleWorker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
 from callgate.store import db, metrics, transport
 from callgate.store.errors import ServiceUnavailable
-from callgate.worker import executor
+from callgate.worker import executor, heartbeat
 from callgate.worker.runtime import Runtime
 
 log = logging.getLogger("callgate.worker")
@@ -62,6 +62,10 @@ class Consumer:
         self.done = 0
         self._slots = threading.Condition()
         self._stopping = threading.Event()
+        self._stop_requested_at: float | None = None
+        # Calls still running when the grace period ended: their leases are no longer renewed,
+        # and the process must exit without waiting for them (see ``process.run``).
+        self.abandoned = 0
         # Registered with RQ only so that `rq info` and Worker.all() see this process.
         self._registration = SimpleWorker(
             [rt.queue], connection=rt.redis, name=name, serializer=JSONSerializer
@@ -77,10 +81,18 @@ class Consumer:
         self._take_script = rt.redis.register_script(transport.TAKE_LUA)
         # Job ids whose deliveries returned: dropped from the taken hash on the next take.
         self._returned: list[str] = []
+        # Job ids whose deliveries run now (submitted, not yet returned).
+        self._running: set[str] = set()
+        # A take script call failed: its reply may have been lost after the script took jobs
+        # into the taken hash, so the next take first looks there for jobs it never got.
+        self._reconcile = False
         self._liveness = Liveness(rt, self.name)
 
     def stop(self) -> None:
-        """Take no more calls; the ones in flight finish (within the grace period)."""
+        """Take no more calls; the ones in flight finish (within the grace period, counted
+        from the first request to stop)."""
+        if self._stop_requested_at is None:
+            self._stop_requested_at = time.monotonic()
         self._stopping.set()
         with self._slots:
             self._slots.notify_all()
@@ -97,10 +109,11 @@ class Consumer:
                     continue
                 try:
                     refs = self._take(free)
-                except (RedisConnectionError, RedisTimeoutError) as exc:
-                    # Redis is down or restarting: keep the calls in flight, try again. What
-                    # Redis held meanwhile is re-dispatched from Postgres by the sweeper.
-                    log.warning("cannot reach Redis (%s); retrying", exc)
+                except RedisError as exc:
+                    # Redis is down or restarting, or refuses for now (READONLY after a
+                    # failover, OOM, loading): keep the calls in flight, try again. What Redis
+                    # held meanwhile is re-dispatched from Postgres by the sweeper.
+                    log.warning("cannot take calls from Redis (%s: %s); retrying", _name(exc), exc)
                     self._stopping.wait(POLL_SECONDS)
                     continue
                 if not refs:
@@ -111,17 +124,22 @@ class Consumer:
                 for job_id, ref in refs:
                     with self._slots:
                         self.in_flight += 1
+                        self._running.add(job_id)
                     metrics.WORKER_IN_FLIGHT.inc()
                     pool.submit(self._run_one, job_id, ref)
                 if time.monotonic() >= next_heartbeat:
-                    with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
+                    with contextlib.suppress(RedisError):
                         self._registration.heartbeat()
                     next_heartbeat = time.monotonic() + REGISTRATION_HEARTBEAT_SECONDS
         finally:
-            self._drain()
+            self.abandoned = self._drain()
+            if self.abandoned:
+                # Before anything else: past the grace no lease of this process moves again,
+                # so the calls it leaves are taken over when their leases run out.
+                heartbeat.stop_renewing(self.rt.engine)
             pool.shutdown(wait=False, cancel_futures=True)
-            with contextlib.suppress(RedisConnectionError, RedisTimeoutError):
-                self._liveness.stop(self._pop_returned(), in_flight=self.in_flight)
+            with contextlib.suppress(RedisError):
+                self._liveness.stop(self._pop_returned())
                 self._registration.register_death()  # type: ignore[no-untyped-call]
 
     def _wait_for_free_slot(self) -> int:
@@ -134,23 +152,63 @@ class Consumer:
         """Up to ``count`` (job id, call ref): whatever is queued now, else wait briefly for
         one. Each job taken is recorded in this worker's taken hash in the same atomic step,
         so a sweeper can dispatch it again if this process dies before it finishes."""
-        redis = self.rt.redis
-        replies = self._take_script(
-            keys=self._keys, args=[count, self._job_prefix, *self._pop_returned()]
-        )
-        if not replies and not (self.burst and self.in_flight == 0):
+        refs = self._reclaim(count) if self._reconcile else []
+        if len(refs) == count:
+            return refs
+        returned = self._pop_returned()
+        replies = self._call_take_script(count - len(refs), returned)
+        if not replies and not refs and not (self.burst and self.in_flight == 0):
             # Wait for a job: BLMOVE keeps it on Redis (the taking list) until the script
             # takes it, so no moment exists where only this process knows of it.
-            moved = redis.blmove(self._keys[0], self._keys[1], int(POLL_SECONDS), "LEFT", "RIGHT")
+            moved = self.rt.redis.blmove(
+                self._keys[0], self._keys[1], int(POLL_SECONDS), "LEFT", "RIGHT"
+            )
             if moved:
-                replies = self._take_script(keys=self._keys, args=[count, self._job_prefix])
+                replies = self._call_take_script(count, [])
+        return refs + self._refs(list(zip(replies[::2], replies[1::2], strict=True)))
+
+    def _call_take_script(self, count: int, returned: list[str]) -> list[bytes]:
+        try:
+            replies: list[bytes] = self._take_script(
+                keys=self._keys, args=[count, self._job_prefix, *returned]
+            )
+        except BaseException:
+            # The script may have run with its reply lost: the ids it was to drop are sent
+            # again (dropping one twice is harmless), and the jobs it may have taken are
+            # looked for in the taken hash before the next take.
+            with self._slots:
+                self._returned[:0] = returned
+            self._reconcile = True
+            raise
+        return replies
+
+    def _reclaim(self, count: int) -> list[tuple[str, uuid.UUID]]:
+        """Jobs in this worker's taken hash that this process does not know it took (a take
+        whose reply was lost), up to ``count``. Only this thread adds to the hash, so what is
+        there and neither running nor returned was taken by a script whose reply never came."""
+        with self._slots:
+            known = self._running | set(self._returned)
+        held = cast(dict[bytes, bytes], self.rt.redis.hgetall(self._keys[2]))
+        stranded = [(job_id, data) for job_id, data in held.items() if job_id.decode() not in known]
+        if len(stranded) <= count:
+            self._reconcile = False  # all found; else the rest on the next take
+        if stranded:
+            log.warning(
+                "found %d call(s) this worker took without receiving them (a lost reply "
+                "from Redis); running them now",
+                min(len(stranded), count),
+            )
+        return self._refs(stranded[:count])
+
+    def _refs(self, jobs: list[tuple[bytes, bytes]]) -> list[tuple[str, uuid.UUID]]:
         refs = []
-        for job_id, data in zip(replies[::2], replies[1::2], strict=True):
+        for job_id, data in jobs:
             ref = transport.call_ref(data)
             if ref is not None:
                 refs.append((job_id.decode(), ref))
             else:
-                self._returned.append(job_id.decode())
+                with self._slots:
+                    self._returned.append(job_id.decode())
         return refs
 
     def _pop_returned(self) -> list[str]:
@@ -179,23 +237,28 @@ class Consumer:
         finally:
             metrics.WORKER_IN_FLIGHT.dec()
             with self._slots:
+                self._running.discard(job_id)
                 self._returned.append(job_id)
                 self.in_flight -= 1
                 self.done += 1
                 self._slots.notify_all()
 
-    def _drain(self) -> None:
-        deadline = time.monotonic() + self.grace_seconds
+    def _drain(self) -> int:
+        """Wait for the calls in flight until the grace period ends; the count still running."""
+        start = self._stop_requested_at or time.monotonic()
+        deadline = start + self.grace_seconds
         with self._slots:
             while self.in_flight and time.monotonic() < deadline:
                 self._slots.wait(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
             if self.in_flight:
                 log.warning(
-                    "%d call(s) still running after %.0f s; their leases will expire and "
-                    "another worker takes them over",
+                    "%d call(s) still running after the %g s grace period; their leases are "
+                    "no longer renewed, this worker exits, and another worker takes them over "
+                    "once the leases expire",
                     self.in_flight,
                     self.grace_seconds,
                 )
+            return self.in_flight
 
 
 def _outage(exc: BaseException) -> bool:
@@ -213,6 +276,7 @@ class Liveness:
         self.queue = rt.settings.queue
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failing = False
 
     def start(self) -> None:
         self._beat()
@@ -220,26 +284,36 @@ class Liveness:
         self._thread.start()
 
     def _beat(self) -> None:
-        with (
-            contextlib.suppress(RedisConnectionError, RedisTimeoutError),
-            self.redis.pipeline(transaction=False) as pipe,
-        ):
-            pipe.sadd(transport.workers_key(self.queue), self.name)
-            pipe.set(
-                transport.liveness_key(self.queue, self.name),
-                "1",
-                px=int(transport.LIVENESS_TTL_SECONDS * 1000),
-            )
-            pipe.execute()
+        try:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.sadd(transport.workers_key(self.queue), self.name)
+                pipe.set(
+                    transport.liveness_key(self.queue, self.name),
+                    "1",
+                    px=int(transport.LIVENESS_TTL_SECONDS * 1000),
+                )
+                pipe.execute()
+        except Exception as exc:
+            # Whatever Redis answers (unreachable, READONLY after a failover, OOM), this thread
+            # beats again a second later: if it died, the worker would run on unlisted, its
+            # calls dispatched again by every sweeper, until it was restarted.
+            if not self._failing:
+                log.warning("liveness beat refused (%s: %s); beating on", _name(exc), exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("liveness beat accepted again")
+        self._failing = False
 
     def _run(self) -> None:
         while not self._stop.wait(transport.LIVENESS_BEAT_SECONDS):
             self._beat()
 
-    def stop(self, returned: list[str], *, in_flight: int) -> None:
-        """Stop beating. With nothing left in flight the worker leaves the list; with calls
-        still running past the grace period, its taken hash stays, and a sweeper dispatches
-        them again once the liveness key expires."""
+    def stop(self, returned: list[str]) -> None:
+        """Stop beating. A worker whose taken hash is empty once ``returned`` is dropped
+        leaves the list; one with calls still in it (running past the grace period, or taken
+        by a script whose reply was lost) stays listed, and a sweeper dispatches them again
+        now that its liveness key is gone."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -248,7 +322,11 @@ class Liveness:
             if returned:
                 pipe.hdel(taken, *returned)
             pipe.delete(transport.liveness_key(self.queue, self.name))
-            if in_flight == 0:
-                pipe.delete(taken)
-                pipe.srem(transport.workers_key(self.queue), self.name)
-            pipe.execute()
+            pipe.hlen(taken)
+            left = pipe.execute()[-1]
+        if left == 0:
+            self.redis.srem(transport.workers_key(self.queue), self.name)
+
+
+def _name(exc: BaseException) -> str:
+    return type(exc).__name__

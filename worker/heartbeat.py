@@ -97,9 +97,27 @@ class _Renewer:
         self._in_flight: set[int] = set()  # leases in the renewal being sent now
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def close(self, wait: float) -> None:
+        """Renew no lease again: every lease held now is lost, a lease added later is lost at
+        once, and a renewal already sent is waited for (up to ``wait`` seconds), so that once
+        this returns no lease's expiry moves any more."""
+        deadline = time.monotonic() + wait
+        with self._changed:
+            self._closed = True
+            for h in self._leases.values():
+                h.lost.set()
+            self._leases.clear()
+            self._changed.notify_all()
+            while self._in_flight and time.monotonic() < deadline:
+                self._changed.wait(max(0.0, deadline - time.monotonic()))
 
     def add(self, heartbeat: Heartbeat) -> None:
         with self._changed:
+            if self._closed:
+                heartbeat.lost.set()
+                return
             heartbeat.next_due = time.monotonic() + heartbeat.interval
             self._leases[id(heartbeat)] = heartbeat
             if self._thread is None:
@@ -119,8 +137,11 @@ class _Renewer:
                 self._changed.wait()
             now = time.monotonic()
             overdue = heartbeat.next_due <= now and not heartbeat.lost.is_set()
+            overdue = overdue and not self._closed
             if overdue and heartbeat.gives_up(now):
                 return
+            if overdue:
+                self._in_flight.add(id(heartbeat))  # ``close`` waits for it too
         if overdue:
             self._renew([heartbeat])
 
@@ -129,6 +150,9 @@ class _Renewer:
         while True:
             with self._changed:
                 now = time.monotonic()
+                if self._closed:
+                    self._thread = None
+                    return
                 if not self._leases:
                     idle_since = now if idle_since is None else idle_since
                     if now - idle_since >= IDLE_EXIT_SECONDS:
@@ -178,6 +202,13 @@ class _Renewer:
                 else:  # taken over (or finished): this owner's lease is gone
                     h.lost.set()
                     self._leases.pop(id(h), None)
+
+
+def stop_renewing(engine: Engine, *, wait: float = 2.0) -> None:
+    """Renew none of ``engine``'s leases again (a worker whose grace period ran out): each is
+    marked lost, so a handler that asks ``ensure_lease`` before a write learns it, and the
+    leases run out on their own for another worker to take the calls over."""
+    _renewer(engine).close(wait)
 
 
 _renewers: weakref.WeakKeyDictionary[Engine, _Renewer] = weakref.WeakKeyDictionary()

@@ -3,9 +3,10 @@
 One process, many calls in flight (``CALLGATE_WORKER_CONCURRENCY``): LLM tools mostly wait
 on I/O, so threads (and one event loop for ``async def`` handlers) overlap that waiting
 without a process per call. SIGTERM stops taking calls and lets those in flight finish
-within ``CALLGATE_WORKER_GRACE_SECONDS``. A SIGKILLed worker's reserved calls are re-issued
-by a sweeper once their leases expire, the ones it had taken but not reserved once its
-liveness key expires (seconds).
+within ``CALLGATE_WORKER_GRACE_SECONDS``; then the process stops renewing the leases of any
+still running and exits, and another worker takes them over once the leases expire. A
+SIGKILLed worker's reserved calls are re-issued by a sweeper once their leases expire, the
+ones it had taken but not reserved once its liveness key expires (seconds).
 
 Every worker also sweeps, on a thread with its own connection, at the sweeper's cadence with
 jitter (``CALLGATE_WORKER_SWEEP``): killing the sweeper process loses nothing.
@@ -13,7 +14,11 @@ jitter (``CALLGATE_WORKER_SWEEP``): killing the sweeper process loses nothing.
 
 from __future__ import annotations
 
+import contextlib
+import logging
+import os
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
@@ -24,6 +29,8 @@ from callgate.store import db, metrics, sweeper, transport
 from callgate.store.settings import Settings
 from callgate.worker import redaction, runtime
 from callgate.worker.consumer import Consumer
+
+log = logging.getLogger("callgate.worker")
 
 
 def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> None:
@@ -51,6 +58,7 @@ def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> 
 
         def on_term(signum: int, frame: FrameType | None) -> None:
             consumer.stop()
+            _exit_after(settings.worker_grace_seconds + EXIT_SLACK_SECONDS)
 
         signal.signal(signal.SIGTERM, on_term)
     stop_sweeping = threading.Event()
@@ -59,8 +67,51 @@ def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> 
     try:
         with transport.translate_errors("worker"):
             consumer.run()
+    except KeyboardInterrupt:
+        if consumer.abandoned:  # Ctrl-C: a stop asked for, as SIGTERM is
+            _exit_now(0)
+        raise
+    except BaseException:
+        if consumer.abandoned:
+            log.exception("worker stopped with %d call(s) in flight", consumer.abandoned)
+            _exit_now(1)
+        raise
     finally:
         stop_sweeping.set()
+    if consumer.abandoned:
+        _exit_now(0)
+
+
+# After SIGTERM the process is gone this long after its grace period, whatever it is waiting
+# for (a Redis that stopped answering while the worker leaves its list, a hung handler).
+EXIT_SLACK_SECONDS = 10.0
+
+
+def _exit_now(code: int) -> None:
+    """End the process now, without waiting for the calls still running.
+
+    Their handlers cannot be stopped (Python cannot cancel a thread), and a normal exit waits
+    for them: concurrent.futures joins its executor's threads at exit. Daemon threads would
+    not be waited for, but they would keep running tool code (a write, a completion) while
+    the interpreter tears down the modules, connections and MCP servers under them. Ending
+    here is what a SIGKILL does, which callgate is built to survive: the leases, no longer
+    renewed, expire and another worker takes the calls over. Only the logs are flushed
+    first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _exit_after(seconds: float) -> None:
+    def overdue() -> None:
+        log.error("worker still running %.0f s after SIGTERM; exiting", seconds)
+        _exit_now(1)
+
+    timer = threading.Timer(seconds, overdue)
+    timer.daemon = True
+    timer.start()
 
 
 # Each wait between two of a worker's sweeps varies by this fraction (and the first one

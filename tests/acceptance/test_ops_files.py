@@ -19,6 +19,7 @@ from prometheus_client import REGISTRY
 
 from callgate.ops.cli import cli
 from callgate.store import gauges, metrics
+from callgate.store.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 PROM = REPO / "ops" / "prometheus"
@@ -246,6 +247,28 @@ def test_callgate_services_share_one_image_built_here() -> None:
     # Scalable: no fixed name, no host port for the workers.
     assert "container_name" not in services["worker"] and "ports" not in services["worker"]
     assert services["worker"]["environment"]["CALLGATE_METRICS_PORT"] == "9100"
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration such as ``45s``, ``1m30s`` or ``2m``."""
+    parts = re.fullmatch(r"(?:(\d+)m)?(?:(\d+(?:\.\d+)?)s)?", duration)
+    assert parts and duration, f"unreadable duration {duration!r}"
+    return int(parts.group(1) or 0) * 60 + float(parts.group(2) or 0)
+
+
+def test_long_running_services_stop_after_the_grace_not_before() -> None:
+    """Docker sends SIGKILL 10 s after SIGTERM unless told otherwise; a worker's grace is 30 s
+    by default, so without a longer stop_grace_period every stop would cut calls short."""
+    for name in CALLGATE_SERVICES - {"migrate"}:
+        service = compose()["services"][name]
+        grace = float(
+            service["environment"].get(
+                "CALLGATE_WORKER_GRACE_SECONDS", Settings.from_env({}).worker_grace_seconds
+            )
+        )
+        assert "stop_grace_period" in service, name
+        # Room past the grace for the worker to leave Redis's worker list and exit.
+        assert _seconds(service["stop_grace_period"]) >= grace + 5, name
 
 
 def test_every_compose_command_is_a_real_callgate_command() -> None:

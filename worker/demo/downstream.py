@@ -20,10 +20,9 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, text
 
-from callgate.store.errors import ErrorCode, StaleFence, ToolError
+from callgate.store.errors import ConfigurationError, ErrorCode, StaleFence, ToolError
 
 SCHEMA_SQL = """
-CREATE SCHEMA IF NOT EXISTS downstream;
 CREATE TABLE IF NOT EXISTS downstream.orders (
     order_id    text PRIMARY KEY,
     tenant_id   text NOT NULL,
@@ -117,18 +116,36 @@ POLICY_EMAILS = 50
 INJECTION_EMAIL = "em-a-inject"
 
 
+# The demo marks the schema it creates; a schema named ``downstream`` without this mark is
+# somebody else's, and the demo neither fills nor drops it.
+MARK = "callgate demo downstream (created by callgate; reset by callgate demo)"
+
+# The schema's owner, read before anything is created: a user's own ``downstream`` schema is
+# never touched (created, filled, truncated or dropped) by the demo.
+SCHEMA_MARK_SQL = (
+    "SELECT to_regnamespace('downstream') IS NOT NULL AS present,"
+    " obj_description(to_regnamespace('downstream'), 'pg_namespace') AS mark"
+)
+
+
 def install(engine: Engine, *, reset: bool = False) -> None:
-    """Create the demo schema and seed it. ``reset`` empties it first (demo runs)."""
+    """Create the demo schema and seed it. ``reset`` empties it first (demo runs).
+
+    Only a schema the demo created itself (it carries ``MARK``) is extended, reset or seeded;
+    any other schema named ``downstream`` is refused with ``invalid_configuration``, and
+    nothing is ever dropped."""
     with engine.begin() as conn:
         conn.execute(text("SELECT pg_advisory_xact_lock(hashtext('callgate.downstream'))"))
-        stale = conn.execute(
-            text(
-                "SELECT to_regnamespace('downstream') IS NOT NULL"
-                " AND to_regclass('downstream.orders') IS NULL"
+        present, mark = conn.execute(text(SCHEMA_MARK_SQL)).one()
+        if present and mark != MARK:
+            raise ConfigurationError(
+                "this database already has a schema named downstream that callgate's demo did "
+                "not create; the demo leaves it alone. Run the demo on a database of its own "
+                "(or point CALLGATE_DOWNSTREAM_DATABASE_URL at one)"
             )
-        ).scalar_one()
-        if stale:  # a schema from before orders and mailboxes existed: rebuild the demo
-            conn.execute(text("DROP SCHEMA downstream CASCADE"))
+        if not present:
+            conn.execute(text("CREATE SCHEMA downstream"))
+            conn.execute(text(f"COMMENT ON SCHEMA downstream IS '{MARK}'"))
         for statement in SCHEMA_SQL.split(";"):
             if statement.strip():
                 conn.execute(text(statement))

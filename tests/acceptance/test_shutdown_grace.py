@@ -1,0 +1,77 @@
+"""SIGTERM's grace is a limit: a worker whose handler is still running when the grace ends
+stops renewing that call's lease and exits, and another worker takes the call over once the
+lease runs out, applying its write once."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from sqlalchemy import Engine
+
+from callgate.store import transport
+from tests.acceptance.conftest import effects_for, requests_for, scalar, wait_until
+from tests.acceptance.private_stack import (
+    database_url,
+    env,
+    key_of,
+    make_producer,
+    only_result,
+    start,
+    submit_one,
+    worker_without_delay,
+)
+from tests.acceptance.processes import private_redis
+
+__all__ = ["database_url", "env", "make_producer", "private_redis", "start"]  # fixtures
+
+GRACE = 2
+LEASE = 3  # renewed every second while its handler runs
+
+
+def _lease_expires_at(engine: Engine, operation_id: str) -> object:
+    return scalar(
+        engine,
+        "SELECT lease_expires_at FROM callgate.operations WHERE operation_id = :o",
+        o=operation_id,
+    )
+
+
+def test_a_handler_past_the_grace_loses_its_lease_and_the_worker_exits(
+    start, make_producer, engine, env
+):
+    s = start(
+        workers=1,
+        CALLGATE_WORKER_GRACE_SECONDS=str(GRACE),
+        CALLGATE_LEASE_SECONDS=str(LEASE),
+        CALLGATE_STALE_SECONDS="60",
+        CALLGATE_DEMO_DELAY_MS="send_email=0:60000",  # hangs a minute after its write
+    )
+    producer = make_producer()
+    turn_id, _ref, op = submit_one(producer, "send_email", {"to": "u@x.test", "template": "hi"})
+    key = key_of(engine, op)
+    wait_until(lambda: effects_for(engine, key) == 1, what="the write applied")
+    redis = transport.connect(env["CALLGATE_REDIS_URL"])
+    (name,) = redis.smembers(transport.workers_key(env["CALLGATE_QUEUE"]))
+    alive = transport.liveness_key(env["CALLGATE_QUEUE"], name.decode())
+    assert redis.exists(alive)
+
+    s.signal("worker-1", signal.SIGTERM)
+    # The worker drops its liveness key once the grace is over.
+    wait_until(lambda: not redis.exists(alive), timeout=GRACE + 15, what="the grace to end")
+    first = _lease_expires_at(engine, op)
+    time.sleep(LEASE * 0.9)  # a renewer still at work would have renewed at least twice
+    second = _lease_expires_at(engine, op)
+    assert first == second, f"the lease still moves after the grace: {first} -> {second}"
+    try:
+        code = s.procs["worker-1"].wait(timeout=15)  # the handler would sleep 60 s
+    except Exception:
+        raise AssertionError("the worker is still running after its grace") from None
+    assert code == 0
+
+    worker_without_delay(s, "worker-2")  # takes the call over once its lease runs out
+    result = only_result(producer, turn_id, timeout=30)
+    assert result.status == "succeeded"
+    # The demo mail honours idempotency keys: sent twice, applied once.
+    assert requests_for(engine, key) == 2
+    assert effects_for(engine, key) == 1

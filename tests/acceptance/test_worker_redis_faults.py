@@ -1,0 +1,147 @@
+"""A worker's Redis round trips under real faults: an error reply from Redis (OOM, READONLY
+after a failover) must not kill the liveness thread or the worker, a lost reply to the take
+script must not strand the jobs it took, and ids of finished jobs must not be forgotten when
+the script call that carries them fails."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis as redis_lib
+from sqlalchemy import Engine
+
+from callgate.ops.stack import wait_for_workers
+from callgate.store import transport
+from tests.acceptance.conftest import scalar, wait_until
+from tests.acceptance.private_stack import (
+    database_url,
+    env,
+    make_producer,
+    only_result,
+    start,
+    submit_one,
+)
+from tests.acceptance.processes import private_redis
+from tests.acceptance.redis_reply_proxy import ReplyProxy
+
+__all__ = ["database_url", "env", "make_producer", "private_redis", "start"]  # fixtures
+
+TAKE_SHA = hashlib.sha1(transport.TAKE_LUA.encode()).hexdigest()
+# EVALSHA sha 3 queue taking taken count prefix: more arguments are returned job ids.
+TAKE_ARGS_WITHOUT_RETURNS = 8
+
+
+def _worker_name(r: redis_lib.Redis, queue: str) -> str:
+    (name,) = wait_until(lambda: r.smembers(transport.workers_key(queue)), what="a worker")
+    return str(name.decode())
+
+
+def _reservations(engine: Engine, ref: str) -> int:
+    return int(
+        scalar(
+            engine,
+            "SELECT count(*) FROM callgate.trace_events WHERE call_ref = :r"
+            " AND event IN ('reserved', 'takeover')",
+            r=ref,
+        )
+    )
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("fault", ["oom", "readonly"])
+def test_the_worker_keeps_beating_through_redis_error_replies(
+    fault: str, start, make_producer, engine, env, private_redis
+) -> None:
+    s = start(workers=1, sweeper=False)
+    queue = env["CALLGATE_QUEUE"]
+    admin = redis_lib.Redis.from_url(private_redis.url)
+    name = _worker_name(admin, queue)
+    alive = transport.liveness_key(queue, name)
+    assert admin.exists(alive)
+
+    if fault == "oom":  # every write that needs memory is refused with OOM
+        admin.config_set("maxmemory", "1")
+    else:  # a failover turned this server into a replica: every write is READONLY
+        admin.execute_command("REPLICAOF", "127.0.0.1", str(_closed_port()))
+    try:
+        # Beats are refused until the key runs out (5 s TTL).
+        wait_until(lambda: not admin.exists(alive), timeout=20, what="the liveness key to lapse")
+    finally:
+        if fault == "oom":
+            admin.config_set("maxmemory", "0")
+        else:
+            admin.execute_command("REPLICAOF", "NO", "ONE")
+
+    wait_until(lambda: admin.exists(alive), timeout=15, what="the worker to beat again")
+    assert s.procs["worker-1"].poll() is None, "the worker died of an error reply"
+    producer = make_producer()
+    turn_id, _ref, _op = submit_one(producer, "get_stock", {"symbol": "AFTER"})
+    assert only_result(producer, turn_id).status == "succeeded"
+
+
+@pytest.fixture
+def proxy(private_redis) -> Iterator[ReplyProxy]:
+    p = ReplyProxy(private_redis.port).start()
+    yield p
+    p.stop()
+
+
+def _worker_behind(s: Any, proxy: ReplyProxy, env: dict[str, str]) -> None:
+    """One worker whose every Redis round trip goes through ``proxy``; no sweeper anywhere, and
+    a stale rule far away, so nothing but the worker itself can bring a stranded job back."""
+    s.start(
+        "worker-1",
+        ["worker", "--name", f"w-{os.getpid()}-{time.monotonic_ns()}"],
+        env={"CALLGATE_REDIS_URL": proxy.url, "CALLGATE_WORKER_SWEEP": "0"},
+    )
+    wait_for_workers(env["CALLGATE_REDIS_URL"], env["CALLGATE_QUEUE"], 1)
+
+
+def test_a_lost_take_reply_strands_no_job(
+    start, make_producer, engine, env, private_redis, proxy
+) -> None:
+    s = start(workers=0, sweeper=False, CALLGATE_STALE_SECONDS="600")
+    _worker_behind(s, proxy, env)
+    admin = redis_lib.Redis.from_url(private_redis.url)
+    taken = transport.taken_key(env["CALLGATE_QUEUE"], _worker_name(admin, env["CALLGATE_QUEUE"]))
+    proxy.drop_reply(TAKE_SHA)
+
+    producer = make_producer()
+    turn_id, ref, _op = submit_one(producer, "get_stock", {"symbol": "LOST"})
+    wait_until(lambda: proxy.fired == ["drop_reply"], what="the take's reply to be dropped")
+    result = only_result(producer, turn_id, timeout=20)
+    assert result.status == "succeeded"
+    assert _reservations(engine, ref) == 1  # run once
+    assert s.procs["worker-1"].poll() is None
+    wait_until(lambda: admin.hlen(taken) == 0, timeout=10, what="the taken hash to empty")
+
+
+def test_a_failed_take_forgets_no_returned_job(
+    start, make_producer, engine, env, private_redis, proxy
+) -> None:
+    s = start(workers=0, sweeper=False, CALLGATE_STALE_SECONDS="600")
+    _worker_behind(s, proxy, env)
+    admin = redis_lib.Redis.from_url(private_redis.url)
+    taken = transport.taken_key(env["CALLGATE_QUEUE"], _worker_name(admin, env["CALLGATE_QUEUE"]))
+    # The first take that carries a finished job's id never reaches Redis.
+    proxy.refuse(TAKE_SHA, min_args=TAKE_ARGS_WITHOUT_RETURNS)
+
+    producer = make_producer()
+    turn_id, ref, _op = submit_one(producer, "get_stock", {"symbol": "DONE"})
+    assert only_result(producer, turn_id).status == "succeeded"
+    wait_until(lambda: proxy.fired == ["refuse"], what="a take carrying its id to be refused")
+    # The id is sent again with a later take, and the finished job leaves the taken hash.
+    wait_until(lambda: admin.hlen(taken) == 0, timeout=10, what="the taken hash to empty")
+    assert _reservations(engine, ref) == 1
+    assert s.procs["worker-1"].poll() is None
