@@ -19,7 +19,7 @@ from sqlalchemy import Engine
 
 from callgate.producer import validation
 from callgate.producer.budgets import apply_budgets
-from callgate.producer.fanin import FanIn, Result
+from callgate.producer.fanin import FanIn, Next, Pacing, Result
 from callgate.producer.planning import arguments_hash, plan
 from callgate.store import db, metrics, transport, turns
 from callgate.store.errors import CorrelationError, ErrorCode, ServiceUnavailable
@@ -71,6 +71,22 @@ class Collected:
             )
         calls = [ProposedCall(call_id=c, tool_name=t, arguments={}) for c, t in self.proposals]
         return adapters.write_results(surface, calls, self.results)
+
+
+# Redis is down or restarting: PostgreSQL holds every committed result too.
+REDIS_AWAY = (RedisConnectionError, RedisTimeoutError)
+
+
+def recheck(engine: Engine, turn_id: uuid.UUID) -> list[dict[str, Any]] | None:
+    """The turn's committed results, or None while PostgreSQL is away (results still
+    arrive on Redis; the fan-in looks again later). The fan-in loops' safety net."""
+    try:
+        return turns.load_state(engine, str(turn_id)).results
+    except Exception as exc:
+        if not db.is_transient(exc):
+            raise
+        log.warning("collect: cannot reach PostgreSQL (%s); retrying", exc)
+        return None
 
 
 def fanned_in(state: turns.TurnState, fan: FanIn, loaded: float) -> None:
@@ -270,35 +286,28 @@ class Producer:
         fan.add_all(state.results)
         stream = transport.results_stream(self.settings.queue, state.turn_id)
         last_id = "0-0"
-        next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
-        while not fan.complete:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            block_ms = max(1, int(min(remaining, POSTGRES_RECHECK_SECONDS) * 1000))
-            try:
-                reply: Any = self.redis.xread({stream: last_id}, block=block_ms, count=500)
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                # Redis down or restarting: PostgreSQL holds every committed result too;
-                # read them there until Redis is back (the stream is read from its start
-                # again then: fan-in drops copies).
-                log.warning("collect: cannot reach Redis (%s); reading PostgreSQL", exc)
-                reply, last_id = None, "0-0"
-                next_recheck = time.monotonic()
-                time.sleep(min(POSTGRES_RECHECK_SECONDS, max(0.0, remaining)))
-            for _stream, entries in reply or []:
-                for entry_id, fields in entries:
-                    last_id = entry_id.decode()
-                    fan.add(json.loads(fields[b"result"]))
-            if not fan.complete and time.monotonic() >= next_recheck:
+        pacing = Pacing(now=time.monotonic(), deadline=deadline, recheck=POSTGRES_RECHECK_SECONDS)
+        while (step := pacing.step(fan.complete, time.monotonic())).next is not Next.DONE:
+            if step.next is Next.READ_POSTGRES:
+                results = recheck(self.engine, state.turn_id)
+                pacing.postgres_read(time.monotonic())
+                fan.add_all(results or [])
+            elif step.next is Next.WAIT:
+                time.sleep(step.seconds)
+            else:
                 try:
-                    fan.add_all(turns.load_state(self.engine, turn_id).results)
-                except Exception as exc:
-                    if not db.is_transient(exc):
-                        raise
-                    # PostgreSQL is away: results still arrive on Redis; look again later.
-                    log.warning("collect: cannot reach PostgreSQL (%s); retrying", exc)
-                next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
+                    reply: Any = self.redis.xread(
+                        {stream: last_id}, block=max(1, int(step.seconds * 1000)), count=500
+                    )
+                except REDIS_AWAY as exc:
+                    log.warning("collect: cannot reach Redis (%s); reading PostgreSQL", exc)
+                    pacing.redis_failed(time.monotonic())
+                    last_id = "0-0"
+                    continue
+                for _stream, entries in reply or []:
+                    for entry_id, fields in entries:
+                        last_id = entry_id.decode()
+                        fan.add(json.loads(fields[b"result"]))
         fanned_in(state, fan, loaded)
         awaiting: dict[str, str] = {}
         if not fan.complete:
