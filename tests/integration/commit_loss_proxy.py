@@ -36,6 +36,10 @@ def _read_exact(sock: socket.socket, n: int) -> bytes:
 
 
 def _is_commit(kind: bytes, payload: bytes) -> bool:
+    return _is_command(kind, payload, b"COMMIT")
+
+
+def _is_command(kind: bytes, payload: bytes, command: bytes) -> bool:
     if kind == b"Q":
         sql = payload.split(b"\x00", 1)[0]
     elif kind == b"P":  # Parse: statement name \0 query \0 ...
@@ -43,7 +47,7 @@ def _is_commit(kind: bytes, payload: bytes) -> bool:
         sql = parts[1] if len(parts) > 1 else b""
     else:
         return False
-    return sql.strip().rstrip(b";").strip().upper() == b"COMMIT"
+    return sql.strip().rstrip(b";").strip().upper() == command
 
 
 @dataclass
@@ -52,6 +56,9 @@ class CommitLossProxy:
     upstream_port: int
     refuse_after_loss: bool = False
     refuse_all: bool = False  # every new connection is closed at once
+    # Lose only the COMMIT of a transaction that sent a statement containing these bytes
+    # (e.g. b"INSERT INTO callgate.turns"), not another one the client commits first.
+    only_after: bytes | None = None
     losses_armed: int = 0
     commits_lost: int = 0
     connections: int = 0
@@ -123,6 +130,7 @@ class Relay:
         self.client = client
         self.server = server
         self.losing = threading.Event()  # the server's replies are no longer forwarded
+        self.seen = proxy.only_after is None  # the transaction sent the chosen statement
 
     def start(self) -> None:
         threading.Thread(target=self._client_to_server, daemon=True).start()
@@ -143,8 +151,15 @@ class Relay:
                 kind = _read_exact(self.client, 1)
                 (length,) = struct.unpack("!i", _read_exact(self.client, 4))
                 payload = _read_exact(self.client, length - 4)
-                if _is_commit(kind, payload) and self.proxy._take_loss():
-                    self.losing.set()  # before sending: none of its reply may get through
+                marker = self.proxy.only_after
+                if marker is not None and marker in payload:
+                    self.seen = True
+                if _is_commit(kind, payload):
+                    if self.seen and self.proxy._take_loss():
+                        self.losing.set()  # before sending: none of its reply may get through
+                    self.seen = marker is None
+                elif _is_command(kind, payload, b"ROLLBACK"):
+                    self.seen = marker is None
                 self.server.sendall(kind + struct.pack("!i", length) + payload)
         except (ConnectionError, OSError):
             self._close()
