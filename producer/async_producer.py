@@ -35,6 +35,7 @@ from callgate.producer.producer import (
     Collected,
     Producer,
     fanned_in,
+    first_read,
     recheck,
 )
 from callgate.store import db, transport, turns
@@ -109,7 +110,7 @@ class AsyncProducer:
         """
         if timeout is not None:
             validation.check_timeout(timeout)
-        following = await self._open(turn_id)
+        following = await self._open(turn_id, timeout)
         async for result in self._landing(following, timeout):
             yield result
         fanned_in(following.state, following.fan, following.loaded)
@@ -117,7 +118,7 @@ class AsyncProducer:
     async def collect(self, turn_id: str, timeout: float) -> Collected:
         """``Producer.collect``, awaited: up to ``timeout`` seconds for one result per call."""
         validation.check_timeout(timeout)
-        following = await self._open(turn_id)
+        following = await self._open(turn_id, timeout)
         async for _ in self._landing(following, timeout):
             pass
         fanned_in(following.state, following.fan, following.loaded)
@@ -140,8 +141,8 @@ class AsyncProducer:
         await self.redis.aclose()
         await asyncio.to_thread(self.producer.close)
 
-    async def _open(self, turn_id: str) -> _Following:
-        state = await self._in_thread("collect", turns.load_state, self.producer.engine, turn_id)
+    async def _open(self, turn_id: str, timeout: float | None) -> _Following:
+        state = await asyncio.to_thread(first_read, self.producer.engine, turn_id, timeout)
         stream = transport.results_stream(self.producer.settings.queue, state.turn_id)
         return _Following(state=state, fan=FanIn(state.proposals), stream=stream)
 

@@ -89,6 +89,15 @@ def recheck(engine: Engine, turn_id: uuid.UUID) -> list[dict[str, Any]] | None:
         return None
 
 
+def first_read(engine: Engine, turn_id: str, timeout: float | None) -> turns.TurnState:
+    """The turn as a fan-in starts from. The read changes nothing: after a lost connection
+    it is sent again on a new one, within the timeout and at least ``db.RECONNECT_SECONDS``
+    (without it nothing is known)."""
+    seconds = db.RECONNECT_SECONDS if timeout is None else max(timeout, db.RECONNECT_SECONDS)
+    with db.translate_errors("collect"):
+        return db.retry_until(lambda: turns.load_state(engine, turn_id), seconds=seconds)
+
+
 def fanned_in(state: turns.TurnState, fan: FanIn, loaded: float) -> None:
     """Observe the fan-in latency of a turn ``fan`` holds complete: its submit to now (its
     age when read at ``loaded``, on Postgres' clock, plus the wait since)."""
@@ -276,11 +285,7 @@ class Producer:
         # Every read here changes nothing: after a lost connection (a PostgreSQL restart, a
         # terminated backend) it is simply sent again on a new one, within the timeout (and
         # at least ``db.RECONNECT_SECONDS`` for the first, without which nothing is known).
-        with db.translate_errors("collect"):
-            state = db.retry_until(
-                lambda: turns.load_state(self.engine, turn_id),
-                seconds=max(timeout, db.RECONNECT_SECONDS),
-            )
+        state = first_read(self.engine, turn_id, timeout)
         loaded = time.monotonic()
         fan = FanIn(state.proposals)
         fan.add_all(state.results)
