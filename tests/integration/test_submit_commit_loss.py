@@ -7,6 +7,7 @@ one logical submit leaves behind.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 import uuid
@@ -14,6 +15,7 @@ from collections.abc import Iterator
 from urllib.parse import urlsplit
 
 import pytest
+import redis
 from sqlalchemy import Engine, text
 
 from callgate.producer import Producer
@@ -250,3 +252,41 @@ def _turn_of(engine: Engine, call_id: str) -> str:
                 text("SELECT turn_id FROM callgate.calls WHERE call_id = :c"), {"c": call_id}
             ).scalar_one()
         )
+
+
+def test_redis_away_after_the_record_says_recorded_and_a_repeat_enqueues_the_turn(
+    database_url: str, queue_name: str, producer: Producer, engine: Engine
+) -> None:
+    with socket.socket() as s:  # a port nothing listens on: every connect refused
+        s.bind(("127.0.0.1", 0))
+        away = f"redis://127.0.0.1:{s.getsockname()[1]}/0"
+    settings = Settings.from_env(
+        {
+            "CALLGATE_DATABASE_URL": database_url,
+            "CALLGATE_REDIS_URL": away,
+            "CALLGATE_QUEUE": queue_name,
+        }
+    )
+    cut_off = Producer(
+        settings=settings,
+        engine=db.create(database_url),
+        redis_connection=redis.Redis.from_url(away, socket_connect_timeout=2),
+        registry=demo_registry(),
+    )
+    call_id = f"mail-{uuid.uuid4().hex[:8]}"
+    try:
+        with pytest.raises(ServiceUnavailable) as caught:
+            cut_off.submit(_email(call_id), CONTEXT)
+    finally:
+        cut_off.close()
+    err = caught.value
+    assert err.code == ErrorCode.REDIS_UNAVAILABLE and err.recorded is True
+    turn_id = _turn_of(engine, call_id)
+    assert turn_id in err.message  # the turn is named: the sweeper dispatches it later
+    assert producer.redis.llen(f"rq:queue:{queue_name}") == 0
+
+    again = producer.submit(_email(call_id), CONTEXT, submit_key=err.submit_key)
+
+    assert again.turn_id == turn_id
+    assert _turns_with_call(engine, call_id) == 1
+    assert producer.redis.llen(f"rq:queue:{queue_name}") == 1  # its job, enqueued now
