@@ -86,8 +86,9 @@ SELECT pg_notify('callgate_outbox', '') FROM (SELECT 1 FROM outboxed LIMIT 1) AS
 class RecordProgress:
     """What the attempts of one submit have done so far, for the error it may end with.
 
-    ``commit_sent``: some attempt sent COMMIT and lost the connection before its reply, so
-    that transaction may have committed. Before COMMIT, a lost connection rolls it back."""
+    ``commit_sent``: some attempt got as far as sending COMMIT. If it then lost its
+    connection, that transaction may have committed; a connection lost before COMMIT rolls
+    the transaction back, so a submit whose attempts all failed earlier recorded nothing."""
 
     commit_sent: bool = False
 
@@ -381,13 +382,6 @@ class TurnState:
     # Seconds since the turn was submitted, on Postgres' clock, when it was read (fan-in
     # latency; None for a turn without calls).
     age_seconds: float | None = None
-
-
-def exists(engine: Engine, turn_id: uuid.UUID) -> bool:
-    """Whether turn ``turn_id`` is recorded (committed)."""
-    with db.autocommit(engine) as conn:
-        found = conn.execute(select(turns.c.turn_id).where(turns.c.turn_id == turn_id)).first()
-    return found is not None
 
 
 def load_state(engine: Engine, turn_id: str) -> TurnState:
