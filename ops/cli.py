@@ -502,12 +502,21 @@ _SURFACES = (
     "events); without it, FILE is a JSON list of {call_id, tool_name, arguments}.",
 )
 @click.option("--stream", is_flag=True, help="With --provider: FILE is a JSON list of events.")
+@click.option(
+    "--submit-key",
+    default=None,
+    help="Make the submit idempotent: the same key and proposals again print the turn the "
+    "first recorded, and record nothing; the same key with other proposals is "
+    "idempotency_conflict. Without it, a submit whose outcome is unknown names the key "
+    "to repeat with.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 @click.argument("proposals_file", type=click.File("r"), default="-")
 def submit_cmd(
     context_file: TextIO,
     provider: str | None,
     stream: bool,
+    submit_key: str | None,
     as_json: bool,
     proposals_file: TextIO,
 ) -> None:
@@ -518,6 +527,7 @@ def submit_cmd(
     calls records nothing.
     """
     from callgate.producer import Producer, intake
+    from callgate.store.errors import ServiceUnavailable
 
     context = _read_json(context_file, "context")
     raw = _read_json(proposals_file, "provider response" if provider else "proposals")
@@ -533,7 +543,21 @@ def submit_cmd(
         if provider and not proposals:
             _report_no_calls(as_json)
             return
-        turn = producer.submit(proposals, context)
+        try:
+            turn = producer.submit(proposals, context, submit_key=submit_key)
+        except ServiceUnavailable as exc:
+            if exc.recorded is None and exc.submit_key is not None:
+                # The producer's words name its own parameter; a shell user repeats with
+                # the option.
+                raise ServiceUnavailable(
+                    "submit: cannot reach PostgreSQL while committing the turn: outcome "
+                    "unknown, the turn may be recorded. Run the same command again with "
+                    f"--submit-key {exc.submit_key}: it prints that turn, or records it once",
+                    code=exc.code,
+                    submit_key=exc.submit_key,
+                    recorded=None,
+                ) from exc
+            raise
     finally:
         producer.close()
     answer = intake.submitted(turn)

@@ -3,8 +3,9 @@
 ``submit`` runs the synchronous producer's exact path (validation, one Postgres transaction,
 one enqueue) on a worker thread, so both producers record and enqueue a turn the same way.
 Fan-in is native asyncio: results arrive on the turn's Redis stream (``redis.asyncio``) and
-Postgres is re-read every second as the safety net for a publish Redis lost, as in
-``Producer.collect``. Waiting therefore holds no thread, however many turns an application
+Postgres is re-read every second as the safety net for a publish Redis lost, and instead of
+the stream while Redis is away; the steps are ``Producer.collect``'s, decided by the same
+``fanin.Pacing``. Waiting therefore holds no thread, however many turns an application
 follows at once.
 
     async with AsyncProducer.from_env() as producer:
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -26,13 +28,23 @@ from typing import Any, TypeVar
 import redis.asyncio
 
 from callgate.producer import validation
-from callgate.producer.fanin import FanIn, Result
-from callgate.producer.producer import POSTGRES_RECHECK_SECONDS, Collected, Producer, fanned_in
+from callgate.producer.fanin import FanIn, Next, Pacing, Result
+from callgate.producer.producer import (
+    POSTGRES_RECHECK_SECONDS,
+    REDIS_AWAY,
+    Collected,
+    Producer,
+    fanned_in,
+    first_read,
+    recheck,
+)
 from callgate.store import db, transport, turns
 from callgate.store.settings import Settings
 from callgate.store.types import CallContext, ProposedCall, Turn
 
 T = TypeVar("T")
+
+log = logging.getLogger("callgate.producer")
 
 
 @dataclass
@@ -77,10 +89,16 @@ class AsyncProducer:
         context: CallContext | Mapping[str, Any],
         *,
         operation_ids: Mapping[str, str] | None = None,
+        submit_key: str | None = None,
     ) -> Turn:
-        """Record the turn and enqueue its calls: ``Producer.submit``, awaited."""
+        """Record the turn and enqueue its calls: ``Producer.submit``, awaited (the same
+        ``submit_key`` rules and errors)."""
         return await asyncio.to_thread(
-            self.producer.submit, proposals, context, operation_ids=operation_ids
+            self.producer.submit,
+            proposals,
+            context,
+            operation_ids=operation_ids,
+            submit_key=submit_key,
         )
 
     async def results(self, turn_id: str, *, timeout: float | None = None) -> AsyncIterator[Result]:
@@ -92,7 +110,7 @@ class AsyncProducer:
         """
         if timeout is not None:
             validation.check_timeout(timeout)
-        following = await self._open(turn_id)
+        following = await self._open(turn_id, timeout)
         async for result in self._landing(following, timeout):
             yield result
         fanned_in(following.state, following.fan, following.loaded)
@@ -100,7 +118,7 @@ class AsyncProducer:
     async def collect(self, turn_id: str, timeout: float) -> Collected:
         """``Producer.collect``, awaited: up to ``timeout`` seconds for one result per call."""
         validation.check_timeout(timeout)
-        following = await self._open(turn_id)
+        following = await self._open(turn_id, timeout)
         async for _ in self._landing(following, timeout):
             pass
         fanned_in(following.state, following.fan, following.loaded)
@@ -123,43 +141,53 @@ class AsyncProducer:
         await self.redis.aclose()
         await asyncio.to_thread(self.producer.close)
 
-    async def _open(self, turn_id: str) -> _Following:
-        state = await self._in_thread("collect", turns.load_state, self.producer.engine, turn_id)
+    async def _open(self, turn_id: str, timeout: float | None) -> _Following:
+        state = await asyncio.to_thread(first_read, self.producer.engine, turn_id, timeout)
         stream = transport.results_stream(self.producer.settings.queue, state.turn_id)
         return _Following(state=state, fan=FanIn(state.proposals), stream=stream)
 
     async def _landing(self, following: _Following, timeout: float | None) -> AsyncIterator[Result]:
+        """``Producer.collect``'s loop, awaited: the same ``Pacing`` decides each step, so
+        Redis away means PostgreSQL is read instead, here as there."""
         fan = following.fan
         for raw in following.state.results:
             if fan.add(raw):
                 yield fan.results[raw["call_id"]]
-        deadline = None if timeout is None else time.monotonic() + timeout
-        next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
-        while not fan.complete:
-            wait = POSTGRES_RECHECK_SECONDS
-            if deadline is not None:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return
-                wait = min(wait, remaining)
-            with transport.translate_errors("collect"):
-                reply: Any = await self.redis.xread(
-                    {following.stream: following.last_id}, block=max(1, int(wait * 1000)), count=500
+        now = time.monotonic()
+        pacing = Pacing(
+            now=now,
+            deadline=None if timeout is None else now + timeout,
+            recheck=POSTGRES_RECHECK_SECONDS,
+        )
+        while (step := pacing.step(fan.complete, time.monotonic())).next is not Next.DONE:
+            landed: list[dict[str, Any]] = []
+            if step.next is Next.READ_POSTGRES:
+                results = await self._in_thread(
+                    "collect", recheck, self.producer.engine, following.state.turn_id
                 )
-            for _stream, entries in reply or []:
-                for entry_id, fields in entries:
-                    following.last_id = entry_id.decode()
-                    raw = json.loads(fields[b"result"])
-                    if fan.add(raw):
-                        yield fan.results[raw["call_id"]]
-            if not fan.complete and time.monotonic() >= next_recheck:
-                state = await self._in_thread(
-                    "collect", turns.load_state, self.producer.engine, str(following.state.turn_id)
-                )
-                for raw in state.results:
-                    if fan.add(raw):
-                        yield fan.results[raw["call_id"]]
-                next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
+                pacing.postgres_read(time.monotonic())
+                landed = results or []
+            elif step.next is Next.WAIT:
+                await asyncio.sleep(step.seconds)
+            else:
+                try:
+                    reply: Any = await self.redis.xread(
+                        {following.stream: following.last_id},
+                        block=max(1, int(step.seconds * 1000)),
+                        count=500,
+                    )
+                except REDIS_AWAY as exc:
+                    log.warning("collect: cannot reach Redis (%s); reading PostgreSQL", exc)
+                    pacing.redis_failed(time.monotonic())
+                    following.last_id = "0-0"
+                    continue
+                for _stream, entries in reply or []:
+                    for entry_id, fields in entries:
+                        following.last_id = entry_id.decode()
+                        landed.append(json.loads(fields[b"result"]))
+            for raw in landed:
+                if fan.add(raw):
+                    yield fan.results[raw["call_id"]]
 
     @staticmethod
     async def _in_thread(what: str, fn: Callable[..., T], *args: Any) -> T:

@@ -1,4 +1,5 @@
-"""Fan-in: join results to proposals by call id. Pure: no I/O.
+"""Fan-in: join results to proposals by call id, and pace the loop that waits for them.
+Pure: no I/O.
 
 Never by array position or arrival order. A result for an unknown call, a result with
 another tool's name, or a second, different result for one call is an error; an identical
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 from pydantic import ValidationError
@@ -108,3 +110,64 @@ def correlate(
             f"no result for call(s) {fan.pending}", code=ErrorCode.MISSING_RESULT
         )
     return fan.ordered()
+
+
+# --- the fan-in loop's decisions, shared by Producer.collect and AsyncProducer ---------------
+
+
+class Next(Enum):
+    DONE = "done"  # every call has its result, or the time is up
+    READ_STREAM = "read_stream"  # block on the turn's Redis stream for ``seconds``
+    READ_POSTGRES = "read_postgres"  # re-read the committed results (the safety net)
+    WAIT = "wait"  # Redis is away: wait ``seconds``, then try it and PostgreSQL again
+
+
+@dataclass(frozen=True)
+class Step:
+    next: Next
+    seconds: float = 0.0
+
+
+@dataclass
+class Pacing:
+    """When a fan-in reads what. Pure: the caller does the I/O and reports back, so the
+    synchronous and the asyncio loops take the same decisions.
+
+    Results normally arrive on the Redis stream; PostgreSQL, which holds every committed
+    result, is re-read every ``recheck`` seconds (a publish Redis lost), and at once when
+    Redis cannot be reached, then every ``recheck`` seconds until it is back."""
+
+    now: float
+    deadline: float | None  # None: until every call has a result
+    recheck: float
+    next_recheck: float = field(init=False)
+    redis_back_at: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.next_recheck = self.now + self.recheck
+        self.redis_back_at = self.now
+
+    def step(self, complete: bool, now: float) -> Step:
+        if complete:
+            return Step(Next.DONE)
+        remaining = None if self.deadline is None else self.deadline - now
+        if remaining is not None and remaining <= 0:
+            return Step(Next.DONE)
+        if now >= self.next_recheck:
+            return Step(Next.READ_POSTGRES)
+        until = self.next_recheck - now
+        if remaining is not None:
+            until = min(until, remaining)
+        if now < self.redis_back_at:
+            return Step(Next.WAIT, max(0.0, min(until, self.redis_back_at - now)))
+        return Step(Next.READ_STREAM, max(0.001, until))
+
+    def postgres_read(self, now: float) -> None:
+        """A re-read was attempted (whether PostgreSQL answered or not)."""
+        self.next_recheck = now + self.recheck
+
+    def redis_failed(self, now: float) -> None:
+        """Redis could not be reached: read PostgreSQL now, try Redis again later (its
+        stream from the start: fan-in drops the copies)."""
+        self.next_recheck = now
+        self.redis_back_at = now + self.recheck

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -18,13 +19,14 @@ from sqlalchemy import Engine
 
 from callgate.producer import validation
 from callgate.producer.budgets import apply_budgets
-from callgate.producer.fanin import FanIn, Result
-from callgate.producer.planning import plan
+from callgate.producer.fanin import FanIn, Next, Pacing, Result
+from callgate.producer.planning import arguments_hash, plan
 from callgate.store import db, metrics, transport, turns
 from callgate.store.errors import CorrelationError, ErrorCode, ServiceUnavailable
 from callgate.store.settings import Settings
 from callgate.store.types import TRUST_LABEL, CallContext, ProposedCall, Turn
 from callgate.worker import registry as tool_registry
+from callgate.worker.intent import canonical_json
 
 log = logging.getLogger("callgate.producer")
 
@@ -71,11 +73,51 @@ class Collected:
         return adapters.write_results(surface, calls, self.results)
 
 
+# Redis is down or restarting: PostgreSQL holds every committed result too.
+REDIS_AWAY = (RedisConnectionError, RedisTimeoutError)
+
+
+def recheck(engine: Engine, turn_id: uuid.UUID) -> list[dict[str, Any]] | None:
+    """The turn's committed results, or None while PostgreSQL is away (results still
+    arrive on Redis; the fan-in looks again later). The fan-in loops' safety net."""
+    try:
+        return turns.load_state(engine, str(turn_id)).results
+    except Exception as exc:
+        if not db.is_transient(exc):
+            raise
+        log.warning("collect: cannot reach PostgreSQL (%s); retrying", exc)
+        return None
+
+
+def first_read(engine: Engine, turn_id: str, timeout: float | None) -> turns.TurnState:
+    """The turn as a fan-in starts from. The read changes nothing: after a lost connection
+    it is sent again on a new one, within the timeout and at least ``db.RECONNECT_SECONDS``
+    (without it nothing is known)."""
+    seconds = db.RECONNECT_SECONDS if timeout is None else max(timeout, db.RECONNECT_SECONDS)
+    with db.translate_errors("collect"):
+        return db.retry_until(lambda: turns.load_state(engine, turn_id), seconds=seconds)
+
+
 def fanned_in(state: turns.TurnState, fan: FanIn, loaded: float) -> None:
     """Observe the fan-in latency of a turn ``fan`` holds complete: its submit to now (its
     age when read at ``loaded``, on Postgres' clock, plus the wait since)."""
     if fan.complete and state.age_seconds is not None:
         metrics.fanned_in(state.age_seconds + (time.monotonic() - loaded))
+
+
+def request_hash(checked: validation.Submission) -> str:
+    """What makes two submits under one key the same request: the proposals (call id,
+    tool, arguments, in order), the operation ids the caller gave, and who asked in which
+    conversation. Not the request id: it names an attempt, not the request."""
+    ctx = checked.context
+    doc = {
+        "calls": [[c.call_id, c.tool_name, arguments_hash(c.arguments)] for c in checked.calls],
+        "operation_ids": dict(sorted(checked.operation_ids.items())),
+        "user_id": ctx.user_id,
+        "roles": sorted(ctx.roles),
+        "conversation_id": ctx.conversation_id,
+    }
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
 
 
 def _labelled(result: Result) -> dict[str, Any]:
@@ -122,6 +164,7 @@ class Producer:
         context: CallContext | Mapping[str, Any],
         *,
         operation_ids: Mapping[str, str] | None = None,
+        submit_key: str | None = None,
     ) -> Turn:
         """Record the turn, its calls and one operation per call, then enqueue the calls.
 
@@ -129,14 +172,25 @@ class Producer:
         (a retry of the same logical write in a new turn): that operation is reused.
         Reads are enqueued at once; of the writes only the first, the rest follow in order.
 
+        ``submit_key`` makes the submit idempotent: a repeat with the same key (per tenant)
+        and the same request (proposals, operation ids, user, roles, conversation) returns
+        the turn the first one recorded, and records nothing; the same key with another
+        request is ``idempotency_conflict``. Without one the producer picks a key itself,
+        so its own retries after a lost COMMIT reply find the turn; a submit whose outcome
+        it cannot know raises ``ServiceUnavailable`` naming that key (``exc.submit_key``,
+        ``exc.recorded is None``): submit again with it.
+
         Input is checked before anything is recorded (producer/validation.py): a refusal is
         an ``InputError`` (``invalid_input``, or ``invalid_arguments_json`` for string
         arguments) and stores nothing. An operation id may appear once per turn.
         """
+        if submit_key is not None:
+            validation.check_id(submit_key, "submit key")
         checked = validation.check_submission(
             proposals, context, operation_ids, limits=validation.Limits.of(self.settings)
         )
         ctx = checked.context
+        key = submit_key if submit_key is not None else f"auto-{uuid.uuid4().hex}"
         planned = plan(checked.calls, ctx, self.registry, checked.operation_ids)
 
         decided: list[turns.PlannedCall] = []
@@ -150,22 +204,24 @@ class Producer:
             )
             return list(decided)
 
-        with db.translate_errors("submit"):
-            turn_id, planned = self._record(ctx, planned, decide, decided)
-        metrics.calls_proposed_all((p.proposal.tool_name for p in planned), self.registry.tools)
-        turn = turns.as_turn(turn_id, planned)
+        recorded = self._record(ctx, planned, decide, key, request_hash(checked))
+        if not recorded.repeat:
+            metrics.calls_proposed_all(
+                (p.proposal.tool_name for p in recorded.planned), self.registry.tools
+            )
+        turn = recorded.as_turn()
         try:
             transport.enqueue_calls(
-                self.queue,
-                [p.ref for p in planned if p.dispatch_now],
-                timeout=self.settings.job_timeout_seconds,
+                self.queue, recorded.dispatch, timeout=self.settings.job_timeout_seconds
             )
         except ServiceUnavailable as exc:
             # The turn is recorded; the sweeper dispatches it once Redis is back.
             raise ServiceUnavailable(
-                f"turn {turn_id} is recorded but not yet enqueued ({exc.message}); "
+                f"turn {turn.turn_id} is recorded but not yet enqueued ({exc.message}); "
                 "the sweeper will dispatch it",
                 code=exc.code,
+                submit_key=key,
+                recorded=True,
             ) from exc
         return turn
 
@@ -174,28 +230,48 @@ class Producer:
         ctx: CallContext,
         planned: list[turns.PlannedCall],
         decide: turns.Decide,
-        decided: list[turns.PlannedCall],
-    ) -> tuple[uuid.UUID, list[turns.PlannedCall]]:
-        """``turns.record``, again after a lost connection (a PostgreSQL restart, a
-        terminated backend) for up to ``db.RECONNECT_SECONDS``.
+        key: str,
+        content_hash: str,
+    ) -> turns.Recorded:
+        """``turns.record_turn`` under ``key``, again after a lost connection (a PostgreSQL
+        restart, a terminated backend) for up to ``db.RECONNECT_SECONDS``.
 
-        Re-running the transaction is safe only when the failed attempt did not commit. A
-        failure before COMMIT rolled it back; a failure during COMMIT may have lost only
-        the reply. The turn's id is chosen here, so the next attempt first asks whether the
-        turn is recorded (a read, safe to repeat): if so, the failed attempt committed, and
-        what it recorded is what its ``decide`` returned last (``decided``).
+        Every attempt claims the turn under the key first, in its own transaction: after a
+        failure during COMMIT (the reply lost, the turn committed) the next attempt finds
+        that turn and returns it, and records nothing. So the retry is safe whatever the
+        failed attempt did, and the error at the end says what is known: nothing recorded
+        (every attempt failed before COMMIT), or outcome unknown.
         """
+        progress = turns.RecordProgress()
         turn_id = uuid.uuid4()
-        first = True
 
-        def attempt() -> tuple[uuid.UUID, list[turns.PlannedCall]]:
-            nonlocal first
-            if not first and turns.exists(self.engine, turn_id):
-                return turn_id, list(decided)
-            first = False
-            return turns.record(self.engine, ctx, planned, decide, turn_id=turn_id)
+        def attempt() -> turns.Recorded:
+            return turns.record_turn(
+                self.engine,
+                ctx,
+                planned,
+                decide,
+                turn_id=turn_id,
+                submit_key=key,
+                submit_hash=content_hash,
+                progress=progress,
+            )
 
-        return db.retry_until(attempt)
+        try:
+            with db.translate_errors("submit"):
+                return db.retry_until(attempt)
+        except ServiceUnavailable as exc:
+            if not progress.commit_sent:
+                raise ServiceUnavailable(
+                    f"{exc.message}; nothing was recorded", submit_key=key, recorded=False
+                ) from exc
+            raise ServiceUnavailable(
+                f"{exc.message} while committing the turn: outcome unknown, the turn may be "
+                f"recorded. Submit again with submit key {key!r} (a repeat returns that turn "
+                "and records nothing twice)",
+                submit_key=key,
+                recorded=None,
+            ) from exc
 
     def collect(self, turn_id: str, timeout: float) -> Collected:
         """Wait up to ``timeout`` seconds for one terminal result per proposed call.
@@ -209,45 +285,34 @@ class Producer:
         # Every read here changes nothing: after a lost connection (a PostgreSQL restart, a
         # terminated backend) it is simply sent again on a new one, within the timeout (and
         # at least ``db.RECONNECT_SECONDS`` for the first, without which nothing is known).
-        with db.translate_errors("collect"):
-            state = db.retry_until(
-                lambda: turns.load_state(self.engine, turn_id),
-                seconds=max(timeout, db.RECONNECT_SECONDS),
-            )
+        state = first_read(self.engine, turn_id, timeout)
         loaded = time.monotonic()
         fan = FanIn(state.proposals)
         fan.add_all(state.results)
         stream = transport.results_stream(self.settings.queue, state.turn_id)
         last_id = "0-0"
-        next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
-        while not fan.complete:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
-            block_ms = max(1, int(min(remaining, POSTGRES_RECHECK_SECONDS) * 1000))
-            try:
-                reply: Any = self.redis.xread({stream: last_id}, block=block_ms, count=500)
-            except (RedisConnectionError, RedisTimeoutError) as exc:
-                # Redis down or restarting: PostgreSQL holds every committed result too;
-                # read them there until Redis is back (the stream is read from its start
-                # again then: fan-in drops copies).
-                log.warning("collect: cannot reach Redis (%s); reading PostgreSQL", exc)
-                reply, last_id = None, "0-0"
-                next_recheck = time.monotonic()
-                time.sleep(min(POSTGRES_RECHECK_SECONDS, max(0.0, remaining)))
-            for _stream, entries in reply or []:
-                for entry_id, fields in entries:
-                    last_id = entry_id.decode()
-                    fan.add(json.loads(fields[b"result"]))
-            if not fan.complete and time.monotonic() >= next_recheck:
+        pacing = Pacing(now=time.monotonic(), deadline=deadline, recheck=POSTGRES_RECHECK_SECONDS)
+        while (step := pacing.step(fan.complete, time.monotonic())).next is not Next.DONE:
+            if step.next is Next.READ_POSTGRES:
+                results = recheck(self.engine, state.turn_id)
+                pacing.postgres_read(time.monotonic())
+                fan.add_all(results or [])
+            elif step.next is Next.WAIT:
+                time.sleep(step.seconds)
+            else:
                 try:
-                    fan.add_all(turns.load_state(self.engine, turn_id).results)
-                except Exception as exc:
-                    if not db.is_transient(exc):
-                        raise
-                    # PostgreSQL is away: results still arrive on Redis; look again later.
-                    log.warning("collect: cannot reach PostgreSQL (%s); retrying", exc)
-                next_recheck = time.monotonic() + POSTGRES_RECHECK_SECONDS
+                    reply: Any = self.redis.xread(
+                        {stream: last_id}, block=max(1, int(step.seconds * 1000)), count=500
+                    )
+                except REDIS_AWAY as exc:
+                    log.warning("collect: cannot reach Redis (%s); reading PostgreSQL", exc)
+                    pacing.redis_failed(time.monotonic())
+                    last_id = "0-0"
+                    continue
+                for _stream, entries in reply or []:
+                    for entry_id, fields in entries:
+                        last_id = entry_id.decode()
+                        fan.add(json.loads(fields[b"result"]))
         fanned_in(state, fan, loaded)
         awaiting: dict[str, str] = {}
         if not fan.complete:

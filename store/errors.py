@@ -140,9 +140,34 @@ class JSONValueError(InputError):
 
 
 class ServiceUnavailable(CallgateError):
-    """Postgres or Redis could not be reached."""
+    """Postgres or Redis could not be reached.
+
+    Raised by ``submit``, it says what became of the turn: ``recorded`` is True (recorded,
+    not yet enqueued: the sweeper dispatches it), False (nothing was recorded) or None (the
+    outcome is unknown: the connection was lost during COMMIT); ``submit_key`` is the key
+    to submit again with, which returns the turn if it was recorded and records it once if
+    not. Both are None for other callers."""
 
     code = ErrorCode.DATABASE_UNAVAILABLE
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        code: ErrorCode | None = None,
+        details: list[dict[str, Any]] | None = None,
+        submit_key: str | None = None,
+        recorded: bool | None = None,
+    ) -> None:
+        if submit_key is not None:
+            # Also in the details, so the HTTP problem body and the CLI carry it.
+            details = [
+                *(details or []),
+                {"code": "submit_outcome", "submit_key": submit_key, "recorded": recorded},
+            ]
+        super().__init__(message, code=code, details=details)
+        self.submit_key = submit_key
+        self.recorded = recorded
 
 
 class UnknownTurn(CallgateError):

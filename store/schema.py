@@ -48,8 +48,15 @@ turns = Table(
     Column("roles", ARRAY(Text), nullable=False),
     Column("conversation_id", Text),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # The submit's own key (the caller's, or one the producer chose) and a hash of what was
+    # submitted under it: a repeat finds its turn; the same key with other proposals is
+    # refused. NULL only on turns recorded before keys existed.
+    Column("submit_key", Text),
+    Column("submit_hash", Text),
 )
 Index("turns_conversation", turns.c.conversation_id)
+# One turn per key and tenant: the guard that makes submit idempotent (turns.record).
+Index("turns_submit_key", turns.c.tenant_id, turns.c.submit_key, unique=True)
 Index("turns_created", turns.c.created_at)  # retention, oldest first
 
 operations = Table(

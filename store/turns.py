@@ -11,9 +11,10 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Float, cast, extract, func, insert, select, text
 
 from callgate.store import db
-from callgate.store.errors import InputError, UnknownTurn
+from callgate.store.errors import ErrorCode, InputError, UnknownTurn
 from callgate.store.schema import calls, operations, turns
 from callgate.store.types import CallContext, ProposedCall, Turn, TurnCall
+from callgate.store.values import printable
 
 RAW_ARGUMENTS = "$raw"  # key under which unparsed argument strings are stored
 
@@ -81,6 +82,74 @@ SELECT pg_notify('callgate_outbox', '') FROM (SELECT 1 FROM outboxed LIMIT 1) AS
 """
 
 
+@dataclass
+class RecordProgress:
+    """What the attempts of one submit have done so far, for the error it may end with.
+
+    ``commit_sent``: some attempt got as far as sending COMMIT. If it then lost its
+    connection, that transaction may have committed; a connection lost before COMMIT rolls
+    the transaction back, so a submit whose attempts all failed earlier recorded nothing."""
+
+    commit_sent: bool = False
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """A submit's turn: the one this attempt recorded, or the one its key already names."""
+
+    turn_id: uuid.UUID
+    planned: list[PlannedCall]
+    # True when the key already named a committed turn with the same request (a repeat).
+    repeat: bool = False
+    # A repeat's calls: (call_id, tool_name, operation_id, ref), proposal order.
+    calls: list[tuple[str, str, str, uuid.UUID]] = field(default_factory=list)
+    # A repeat's calls still waiting for their first job: enqueued again (a copy is
+    # harmless; the reservation runs each call once).
+    undispatched: list[uuid.UUID] = field(default_factory=list)
+
+    def as_turn(self) -> Turn:
+        if not self.repeat:
+            return as_turn(self.turn_id, self.planned)
+        return Turn(
+            turn_id=str(self.turn_id),
+            calls=tuple(
+                TurnCall(call_id=c, tool_name=t, operation_id=op, ref=str(ref))
+                for c, t, op, ref in self.calls
+            ),
+        )
+
+    @property
+    def dispatch(self) -> list[uuid.UUID]:
+        if self.repeat:
+            return list(self.undispatched)
+        return [p.ref for p in self.planned if p.dispatch_now]
+
+
+# The guard of an idempotent submit, as the transaction's first write: a second submit under
+# the same key and tenant inserts nothing. A concurrent one waits here on the first one's
+# uncommitted index entry until that commits (then inserts nothing) or rolls back (then
+# inserts): no read-then-write race.
+CLAIM_TURN_SQL = """
+INSERT INTO callgate.turns (turn_id, request_id, tenant_id, user_id, roles, conversation_id,
+                            submit_key, submit_hash)
+VALUES (:turn_id, :request_id, :tenant_id, :user_id, :roles, :conversation_id,
+        :submit_key, :submit_hash)
+ON CONFLICT (tenant_id, submit_key) DO NOTHING
+RETURNING turn_id
+"""
+
+# The turn a key already names (committed: ON CONFLICT waited for it), and its calls.
+KEYED_TURN_SQL = """
+SELECT turn_id, submit_hash FROM callgate.turns
+ WHERE tenant_id = :tenant_id AND submit_key = :submit_key
+"""
+KEYED_CALLS_SQL = """
+SELECT id, call_id, tool_name, operation_id,
+       (state = 'proposed' AND after_call IS NULL) AS undispatched
+  FROM callgate.calls WHERE turn_id = :turn_id ORDER BY position
+"""
+
+
 def record(
     engine: Engine,
     context: CallContext,
@@ -89,33 +158,87 @@ def record(
     *,
     turn_id: uuid.UUID | None = None,
 ) -> tuple[uuid.UUID, list[PlannedCall]]:
+    """``record_turn`` without a submit key (a turn no repeat can find): its id and calls."""
+    done = record_turn(engine, context, planned, decide, turn_id=turn_id)
+    return done.turn_id, done.planned
+
+
+def record_turn(
+    engine: Engine,
+    context: CallContext,
+    planned: Sequence[PlannedCall],
+    decide: Decide | None = None,
+    *,
+    turn_id: uuid.UUID | None = None,
+    submit_key: str | None = None,
+    submit_hash: str | None = None,
+    progress: RecordProgress | None = None,
+) -> Recorded:
     """Turn, operations and calls in one transaction: all of it is recorded, or none.
 
     ``decide`` sees the conversation's facts under a per-conversation lock, so concurrent
     turns of one conversation cannot both spend its last budget, and returns the calls as
-    they are to be recorded (some refused). Returns the turn id and those calls.
+    they are to be recorded (some refused).
+
+    With ``submit_key``, the turn is first claimed under the key (``CLAIM_TURN_SQL``): if
+    the key already names a turn, nothing is written and that turn is returned when it was
+    submitted with the same ``submit_hash``; another hash is ``idempotency_conflict``.
     """
-    turn_id = uuid.uuid4()
-    with engine.begin() as conn:
-        facts = ConversationFacts(0, frozenset())
-        if context.conversation_id is not None:
-            conn.execute(
-                text(
-                    "SELECT pg_advisory_xact_lock("
-                    "hashtext('callgate.conversation:' || :t || ':' || :c))"
-                ),
-                {"t": context.tenant_id, "c": context.conversation_id},
-            )
-            row = conn.execute(
-                text(CONVERSATION_SQL),
-                {"conversation_id": context.conversation_id, "tenant_id": context.tenant_id},
-            ).one()
-            facts = ConversationFacts(
-                row.prior_calls,
-                frozenset(_tool_and_hash(f) for f in row.failed),
-            )
-        if decide is not None:
-            planned = list(decide(facts))
+    turn_id = turn_id or uuid.uuid4()
+    progress = progress or RecordProgress()
+    with engine.connect() as conn, conn.begin() as transaction:
+        done = _record_in(conn, context, planned, decide, turn_id, submit_key, submit_hash)
+        # A lost connection from here on may have lost only COMMIT's reply.
+        progress.commit_sent = True
+        transaction.commit()
+    return done
+
+
+def _record_in(
+    conn: Connection,
+    context: CallContext,
+    planned: Sequence[PlannedCall],
+    decide: Decide | None,
+    turn_id: uuid.UUID,
+    submit_key: str | None,
+    submit_hash: str | None,
+) -> Recorded:
+    if submit_key is not None:
+        claimed = conn.execute(
+            text(CLAIM_TURN_SQL),
+            {
+                "turn_id": turn_id,
+                "request_id": context.request_id,
+                "tenant_id": context.tenant_id,
+                "user_id": context.user_id,
+                "roles": list(context.roles),
+                "conversation_id": context.conversation_id,
+                "submit_key": submit_key,
+                "submit_hash": submit_hash,
+            },
+        ).first()
+        if claimed is None:
+            return _keyed_turn(conn, context, submit_key, submit_hash)
+    facts = ConversationFacts(0, frozenset())
+    if context.conversation_id is not None:
+        conn.execute(
+            text(
+                "SELECT pg_advisory_xact_lock("
+                "hashtext('callgate.conversation:' || :t || ':' || :c))"
+            ),
+            {"t": context.tenant_id, "c": context.conversation_id},
+        )
+        row = conn.execute(
+            text(CONVERSATION_SQL),
+            {"conversation_id": context.conversation_id, "tenant_id": context.tenant_id},
+        ).one()
+        facts = ConversationFacts(
+            row.prior_calls,
+            frozenset(_tool_and_hash(f) for f in row.failed),
+        )
+    if decide is not None:
+        planned = list(decide(facts))
+    if submit_key is None:
         conn.execute(
             insert(turns).values(
                 turn_id=turn_id,
@@ -126,63 +249,86 @@ def record(
                 conversation_id=context.conversation_id,
             )
         )
-        # An application may hand in an existing operation id (a retry of one logical
-        # write in a new turn): it is then reused, not re-issued.
-        conn.execute(
-            text(
-                "INSERT INTO callgate.operations (operation_id, tenant_id, tool_name,"
-                " idempotency_key) VALUES (:op, :tenant, :tool, :key)"
-                " ON CONFLICT (operation_id) DO NOTHING"
-            ),
-            [
-                {
-                    "op": p.operation_id,
-                    "tenant": context.tenant_id,
-                    "tool": p.proposal.tool_name,
-                    "key": p.idempotency_key,
-                }
-                for p in planned
-            ],
+    # An application may hand in an existing operation id (a retry of one logical
+    # write in a new turn): it is then reused, not re-issued.
+    conn.execute(
+        text(
+            "INSERT INTO callgate.operations (operation_id, tenant_id, tool_name,"
+            " idempotency_key) VALUES (:op, :tenant, :tool, :key)"
+            " ON CONFLICT (operation_id) DO NOTHING"
+        ),
+        [
+            {
+                "op": p.operation_id,
+                "tenant": context.tenant_id,
+                "tool": p.proposal.tool_name,
+                "key": p.idempotency_key,
+            }
+            for p in planned
+        ],
+    )
+    _check_operations_belong(conn, context, planned)
+    conn.execute(
+        text(
+            "INSERT INTO callgate.calls (id, turn_id, call_id, position, tool_name,"
+            " arguments, kind, operation_id, after_call, args_hash, state, result,"
+            " completed_at, dispatches, dispatched_at)"
+            " VALUES (:id, :turn, :call_id, :position, :tool, CAST(:arguments AS jsonb),"
+            " :kind, :op, :after, :args_hash,"
+            " CASE WHEN :refused THEN 'failed_terminal' ELSE 'proposed' END,"
+            " CASE WHEN :refused THEN jsonb_build_object('call_id', CAST(:call_id AS text),"
+            "   'tool_name', CAST(:tool AS text)) || CAST(:result AS jsonb) END,"
+            " CASE WHEN :refused THEN now() END,"
+            " :dispatches, CASE WHEN :dispatch THEN now() END)"
+        ),
+        [
+            {
+                "id": p.ref,
+                "turn": turn_id,
+                "call_id": p.proposal.call_id,
+                "position": i,
+                "tool": p.proposal.tool_name,
+                "arguments": json.dumps(_arguments_document(p.proposal.arguments)),
+                "kind": p.kind,
+                "op": p.operation_id,
+                "after": p.after,
+                "args_hash": p.args_hash,
+                "refused": p.refusal is not None,
+                "result": json.dumps(
+                    {"status": "failed_terminal", "error": p.refusal} if p.refusal else None
+                ),
+                "dispatches": 1 if p.dispatch_now else 0,
+                "dispatch": p.dispatch_now,
+            }
+            for i, p in enumerate(planned)
+        ],
+    )
+    if any(p.refusal is not None for p in planned):
+        conn.execute(text(REFUSED_SQL), {"turn_id": turn_id})
+    return Recorded(turn_id=turn_id, planned=list(planned))
+
+
+def _keyed_turn(
+    conn: Connection, context: CallContext, submit_key: str, submit_hash: str | None
+) -> Recorded:
+    found = conn.execute(
+        text(KEYED_TURN_SQL), {"tenant_id": context.tenant_id, "submit_key": submit_key}
+    ).one()
+    if found.submit_hash != submit_hash:
+        raise InputError(
+            f"submit key {printable(submit_key)!r} already names turn {found.turn_id}, "
+            "submitted with other proposals (or for another user or conversation); "
+            "use a new key for a new request",
+            code=ErrorCode.IDEMPOTENCY_CONFLICT,
         )
-        _check_operations_belong(conn, context, planned)
-        conn.execute(
-            text(
-                "INSERT INTO callgate.calls (id, turn_id, call_id, position, tool_name,"
-                " arguments, kind, operation_id, after_call, args_hash, state, result,"
-                " completed_at, dispatches, dispatched_at)"
-                " VALUES (:id, :turn, :call_id, :position, :tool, CAST(:arguments AS jsonb),"
-                " :kind, :op, :after, :args_hash,"
-                " CASE WHEN :refused THEN 'failed_terminal' ELSE 'proposed' END,"
-                " CASE WHEN :refused THEN jsonb_build_object('call_id', CAST(:call_id AS text),"
-                "   'tool_name', CAST(:tool AS text)) || CAST(:result AS jsonb) END,"
-                " CASE WHEN :refused THEN now() END,"
-                " :dispatches, CASE WHEN :dispatch THEN now() END)"
-            ),
-            [
-                {
-                    "id": p.ref,
-                    "turn": turn_id,
-                    "call_id": p.proposal.call_id,
-                    "position": i,
-                    "tool": p.proposal.tool_name,
-                    "arguments": json.dumps(_arguments_document(p.proposal.arguments)),
-                    "kind": p.kind,
-                    "op": p.operation_id,
-                    "after": p.after,
-                    "args_hash": p.args_hash,
-                    "refused": p.refusal is not None,
-                    "result": json.dumps(
-                        {"status": "failed_terminal", "error": p.refusal} if p.refusal else None
-                    ),
-                    "dispatches": 1 if p.dispatch_now else 0,
-                    "dispatch": p.dispatch_now,
-                }
-                for i, p in enumerate(planned)
-            ],
-        )
-        if any(p.refusal is not None for p in planned):
-            conn.execute(text(REFUSED_SQL), {"turn_id": turn_id})
-    return turn_id, list(planned)
+    rows = conn.execute(text(KEYED_CALLS_SQL), {"turn_id": found.turn_id}).all()
+    return Recorded(
+        turn_id=found.turn_id,
+        planned=[],
+        repeat=True,
+        calls=[(r.call_id, r.tool_name, r.operation_id, r.id) for r in rows],
+        undispatched=[r.id for r in rows if r.undispatched],
+    )
 
 
 def _check_operations_belong(
@@ -236,13 +382,6 @@ class TurnState:
     # Seconds since the turn was submitted, on Postgres' clock, when it was read (fan-in
     # latency; None for a turn without calls).
     age_seconds: float | None = None
-
-
-def exists(engine: Engine, turn_id: uuid.UUID) -> bool:
-    """Whether turn ``turn_id`` is recorded (committed)."""
-    with db.autocommit(engine) as conn:
-        found = conn.execute(select(turns.c.turn_id).where(turns.c.turn_id == turn_id)).first()
-    return found is not None
 
 
 def load_state(engine: Engine, turn_id: str) -> TurnState:

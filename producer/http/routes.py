@@ -27,6 +27,7 @@ from callgate.store.errors import (
     ErrorCode,
     InputError,
     JSONValueError,
+    ServiceUnavailable,
     UnknownTurn,
 )
 
@@ -113,6 +114,13 @@ def _operation_ids(proposals: list[Any], principal: Principal, idem: str) -> dic
     return derived
 
 
+def _submit_key(principal: Principal, idem: str) -> str:
+    """The producer's submit key for an Idempotency-Key: scoped by the API key, as the
+    answers in ``api_idempotency`` are (the producer scopes it by tenant too)."""
+    raw = json.dumps(["api", principal.key_id, idem])
+    return "api-" + hashlib.sha256(raw.encode()).hexdigest()[:40]
+
+
 def _submit(
     s: Any,
     who: Principal,
@@ -133,6 +141,10 @@ def _submit(
                 f"a request with Idempotency-Key {idem!r} is still running; retry shortly",
                 code=ErrorCode.OPERATION_IN_PROGRESS,
             )
+    # Without an Idempotency-Key the request gets one of its own, used exactly as a given
+    # one would be: should the outcome be unknown (the connection lost during COMMIT), the
+    # answer names it, and a repeat under it returns the turn if it was recorded.
+    key = idem if idem is not None else uuid.uuid4().hex
     try:
         raw = _parse(body)
         proposals = intake.proposals_from(
@@ -143,22 +155,47 @@ def _submit(
         else:
             context = {
                 # The principal comes from the key; nothing in the body can name another.
-                "request_id": f"api-{idem}" if idem else f"api-{uuid.uuid4().hex}",
+                "request_id": f"api-{key}",
                 "tenant_id": who.tenant_id,
                 "user_id": who.user_id,
                 "roles": list(who.roles),
                 "conversation_id": conversation_id,
             }
-            ops = _operation_ids(proposals, who, idem) if idem else None
-            turn = s.producer.submit(proposals, context, operation_ids=ops)
+            turn = s.producer.submit(
+                proposals,
+                context,
+                operation_ids=_operation_ids(proposals, who, key),
+                submit_key=_submit_key(who, key),
+            )
             answer = intake.submitted(turn)
-    except CallgateError:
+    except CallgateError as exc:
         if idem is not None:
             api_keys.release(s.engine, who.key_id, idem)
+        if isinstance(exc, ServiceUnavailable) and exc.recorded is not True:
+            raise _unknown_or_not(exc, key) from exc
         raise
     if idem is not None:
         api_keys.answer(s.engine, who.key_id, idem, answer)
     return answer
+
+
+def _unknown_or_not(exc: ServiceUnavailable, key: str) -> ServiceUnavailable:
+    """The producer's answer about the turn, with the Idempotency-Key to repeat under
+    (the producer's own submit key means nothing to an HTTP client)."""
+    if exc.recorded is None:
+        message = (
+            f"submit: cannot reach PostgreSQL while committing the turn: outcome unknown, "
+            f"the turn may be recorded. Repeat the request with Idempotency-Key {key!r}: "
+            "it returns that turn, or records it once"
+        )
+    else:
+        message = exc.message  # nothing was recorded
+    return ServiceUnavailable(
+        message,
+        code=exc.code,
+        details=[{"code": "submit_outcome", "recorded": exc.recorded, "idempotency_key": key}],
+        recorded=exc.recorded,
+    )
 
 
 @router.post(

@@ -1,0 +1,92 @@
+"""Both producers' fan-in with Redis unreachable for the producer while the results land
+in PostgreSQL: the synchronous ``collect`` and ``AsyncProducer`` read them there alike.
+
+The workers, relayer and sweeper use the shared Redis; the collecting producer's Redis
+client points at a port nothing listens on (a real refused connect on every try).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import Callable
+
+import redis
+import redis.asyncio
+
+from callgate import AsyncProducer, Producer
+from callgate.ops.stack import Stack
+from callgate.store import db
+from callgate.store.settings import Settings
+from callgate.worker.demo.tools import demo_registry
+from tests.acceptance.conftest import SUPPORT_A
+
+READS = [
+    {
+        "call_id": "weather",
+        "tool_name": "get_weather",
+        "arguments": {"city": "Seoul", "unit": "celsius"},
+    },
+    {"call_id": "stock", "tool_name": "get_stock", "arguments": {"symbol": "NVDA"}},
+]
+# Slow enough that the results land after the fan-in has started waiting on Redis.
+DELAYS = "get_weather=1500,get_stock=1500"
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _cut_off(service_env: dict[str, str], redis_url: str) -> Producer:
+    settings = Settings.from_env({**service_env, "CALLGATE_REDIS_URL": redis_url})
+    return Producer(
+        settings=settings,
+        engine=db.create(settings.require_database()),
+        redis_connection=redis.Redis.from_url(redis_url, socket_connect_timeout=2),
+        registry=demo_registry(),
+    )
+
+
+def _submit(producer: Producer) -> str:
+    ctx = {**SUPPORT_A, "request_id": f"r-{uuid.uuid4().hex[:6]}"}
+    return producer.submit(READS, ctx).turn_id
+
+
+def test_async_collect_reads_postgres_while_redis_is_away(
+    stack: Callable[..., Stack], producer: Producer, service_env: dict[str, str]
+) -> None:
+    stack(workers=1, CALLGATE_WORKER_CONCURRENCY="2", CALLGATE_DEMO_DELAY_MS=DELAYS)
+    turn_id = _submit(producer)
+    away = f"redis://127.0.0.1:{_closed_port()}/0"
+
+    async def collect() -> tuple[bool, list[str], list[str]]:
+        inner = _cut_off(service_env, away)
+        aproducer = AsyncProducer(inner, redis.asyncio.Redis.from_url(away))
+        try:
+            collected = await aproducer.collect(turn_id, timeout=60)
+            streamed = [r.call_id async for r in aproducer.results(turn_id, timeout=5)]
+        finally:
+            await aproducer.aclose()
+        return collected.complete, [r.status for r in collected.results], streamed
+
+    complete, statuses, streamed = asyncio.run(collect())
+    assert complete
+    assert statuses == ["succeeded", "succeeded"]
+    assert sorted(streamed) == ["stock", "weather"]
+
+
+def test_sync_collect_reads_postgres_while_redis_is_away(
+    stack: Callable[..., Stack], producer: Producer, service_env: dict[str, str]
+) -> None:
+    stack(workers=1, CALLGATE_WORKER_CONCURRENCY="2", CALLGATE_DEMO_DELAY_MS=DELAYS)
+    turn_id = _submit(producer)
+    cut_off = _cut_off(service_env, f"redis://127.0.0.1:{_closed_port()}/0")
+    try:
+        collected = cut_off.collect(turn_id, timeout=60)
+    finally:
+        cut_off.close()
+    assert collected.complete
+    assert [r.status for r in collected.results] == ["succeeded", "succeeded"], collected.results
