@@ -427,3 +427,28 @@ def test_sdk_objects_without_a_stop_reason_are_refused() -> None:
         with_reason("gemini-generate-content", [WEATHER], _ABSENT)
     )
     assert refused("gemini-generate-content", chunk).code == "invalid_provider_envelope"
+
+
+@pytest.mark.parametrize("surface", list(REASONS))
+def test_the_cli_and_api_intake_refuses_a_response_without_a_stop_reason(surface: str) -> None:
+    # `callgate submit --provider` and `POST /v1/turns?provider=` read through this one
+    # function, with no opt-in: their body states its reason.
+    from callgate.producer import intake
+
+    response = with_reason(surface, [WEATHER], _ABSENT)
+    with pytest.raises(AdapterError) as caught:
+        intake.proposals_from(response, provider=surface, stream=False, known_tools=KNOWN)
+    assert caught.value.code == "invalid_provider_envelope"
+    stated = with_reason(surface, [WEATHER], REASONS_GIVEN[surface])
+    assert intake.proposals_from(stated, provider=surface, stream=False, known_tools=KNOWN) == [
+        WEATHER
+    ]
+
+
+REASONS_GIVEN = {
+    "openai-chat": "tool_calls",
+    "openai-responses": "completed",
+    "anthropic-messages": "tool_use",
+    "gemini-generate-content": "STOP",
+    "gemini-interactions": "requires_action",
+}
