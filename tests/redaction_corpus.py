@@ -144,34 +144,63 @@ def _aws_secret(rng: random.Random) -> Secret:
     return Secret("aws_secret_40", core, _halves(core))
 
 
+# A trace's header and its messages are the trace too: each carries a marker (``…Msg…``)
+# beside the frames' one, as a handler's message carries what it had in hand.
+
+
 def _java(rng: random.Random) -> Secret:
-    mark = f"Jv{_r(rng, ALNUM, 10)}Svc"
+    mark, msg = f"Jv{_r(rng, ALNUM, 10)}Svc", f"JvMsg{_r(rng, ALNUM, 8)}"
     trace = (
-        "java.lang.IllegalStateException: charge failed\n"
+        f"java.lang.IllegalStateException: charge failed for {msg}\n"
         f"\tat app.payments/com.acme.{mark}.charge({mark}.java:42)\n"
         "\tat java.base/java.lang.Thread.run(Thread.java:833)"
     )
-    return Secret("java9_stack", trace, (mark,))
+    return Secret("java9_stack", trace, (mark, msg))
+
+
+def _java_thread(rng: random.Random) -> Secret:
+    mark, msg = f"Jt{_r(rng, ALNUM, 10)}Svc", f"JtMsg{_r(rng, ALNUM, 8)}"
+    cause, suppressed = f"JtCause{_r(rng, ALNUM, 8)}", f"JtSupp{_r(rng, ALNUM, 8)}"
+    trace = (
+        f'Exception in thread "main" java.lang.IllegalStateException: card {msg} declined\n'
+        f"\tat com.acme.{mark}.charge({mark}.java:42)\n"
+        f"\tSuppressed: java.io.IOException: {suppressed}\n"
+        f"\t\tat com.acme.{mark}.close({mark}.java:50)\n"
+        f"Caused by: java.sql.SQLException: {cause}\n"
+        "\tat com.acme.Db.query(Db.java:7)\n"
+        "\t... 1 more"
+    )
+    return Secret("java_thread_stack", trace, (mark, msg, cause, suppressed))
 
 
 def _node(rng: random.Random) -> Secret:
-    mark = f"Nd{_r(rng, ALNUM, 10)}Handler"
+    mark, msg = f"Nd{_r(rng, ALNUM, 10)}Handler", f"NdMsg{_r(rng, ALNUM, 8)}"
     trace = (
-        "TypeError: Cannot read properties of undefined (reading 'id')\n"
+        f"TypeError: Cannot read properties of undefined (reading '{msg}')\n"
         f"    at {mark}.run (/srv/app/src/{mark}.js:10:15)\n"
         "    at process.processTicksAndRejections (node:internal/process/task_queues:95:5)"
     )
-    return Secret("node_stack", trace, (mark,))
+    return Secret("node_stack", trace, (mark, msg))
 
 
 def _go(rng: random.Random) -> Secret:
-    mark = f"go{_r(rng, ALNUM, 10)}Handler"
+    mark, msg = f"go{_r(rng, ALNUM, 10)}Handler", f"goMsg{_r(rng, ALNUM, 8)}"
     trace = (
-        "panic: runtime error: invalid memory address\n\ngoroutine 1 [running]:\n"
+        f"panic: runtime error: invalid memory address {msg}\n\ngoroutine 1 [running]:\n"
         f"main.{mark}(0xc000012345)\n\t/srv/app/{mark}.go:12 +0x1d\n"
         "main.main()\n\t/srv/app/main.go:8 +0x25"
     )
-    return Secret("go_stack", trace, (mark,))
+    return Secret("go_stack", trace, (mark, msg))
+
+
+def _dotnet(rng: random.Random) -> Secret:
+    mark, msg = f"Dn{_r(rng, ALNUM, 10)}Svc", f"DnMsg{_r(rng, ALNUM, 8)}"
+    trace = (
+        f"Unhandled exception. System.InvalidOperationException: {msg}\n"
+        f"   at Acme.{mark}.Charge() in /src/{mark}.cs:line 42\n"
+        "   at Acme.Program.Main(String[] args)"
+    )
+    return Secret("dotnet_stack", trace, (mark, msg))
 
 
 def _python_literal(rng: random.Random) -> Secret:
@@ -185,13 +214,13 @@ def _python_literal(rng: random.Random) -> Secret:
 
 
 def _python_tb(rng: random.Random) -> Secret:
-    mark = f"pt{_r(rng, ALNUM, 10)}mod"
+    mark, msg = f"pt{_r(rng, ALNUM, 10)}mod", f"ptMsg{_r(rng, ALNUM, 8)}"
     trace = (
         "Traceback (most recent call last):\n"
         f'  File "/srv/app/{mark}.py", line 3, in handler\n'
-        "    run()\nValueError: bad"
+        f"    run()\nValueError: bad {msg}"
     )
-    return Secret("python_stack", trace, (mark,))
+    return Secret("python_stack", trace, (mark, msg))
 
 
 SECRET_KINDS: dict[str, Generator] = {
@@ -219,6 +248,8 @@ SECRET_KINDS: dict[str, Generator] = {
 }
 STACK_KINDS: dict[str, Generator] = {
     "java9_stack": _java,
+    "java_thread_stack": _java_thread,
+    "dotnet_stack": _dotnet,
     "node_stack": _node,
     "go_stack": _go,
     "python_stack": _python_tb,

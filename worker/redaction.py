@@ -7,7 +7,8 @@ more) plus a Shannon-entropy check for long random tokens, run on values, on dic
 on what base64- or URL-encoded text decodes to. callgate keeps its own rules on top: key
 names that say "secret" (``pwd``, ``auth``, ``key``, ``pin``…, also as the name of a
 name/value pair), inline ``name=value`` text, headers, URL credentials, token prefixes the
-library does not know, private key blocks without an END line, and stack traces.
+library does not know, private key blocks without an END line, and stack traces (cut whole:
+the header that names the exception and carries its message goes with the frames).
 
 Redaction errs toward hiding: a false positive costs a model one value, a false negative
 leaks a credential.
@@ -171,18 +172,40 @@ _OWN_PATTERNS = (
     re.compile(r"\beyJ[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]{5,}\.[A-Za-z0-9_-]*"),
 )
 # Stack traces of any runtime: the first line that looks like one starts the cut, and
-# everything after it goes (literal "\n" separators included).
+# everything after it goes (literal "\n" separators included, and a frame's literal "\t").
 _STACK_START = re.compile(
     r"Traceback \(most recent call last\)"
     r"|File [\"'][^\"']+[\"'], line \d+"
-    r"|\bat (?:async )?[\w$.<>/@-]+\([^()\n]*(?:\.java|\.kt|\.scala|Native Method|Unknown Source)"
-    r"[^()\n]*\)"
-    r"|\bat (?:async )?[^\s()]+ \([^()\n]*:\d+:\d+\)"
-    r"|\bat (?:/|file:|node:)[^\s()]*:\d+:\d+"
+    r"|(?:\b|(?<=\\t))at (?:async )?[\w$.<>/@-]+\([^()\n]*"
+    r"(?:\.java|\.kt|\.scala|Native Method|Unknown Source)[^()\n]*\)"
+    r"|(?:\b|(?<=\\t))at (?:async )?[^\s()]+ \([^()\n]*:\d+:\d+\)"
+    r"|(?:\b|(?<=\\t))at (?:/|file:|node:)[^\s()]*:\d+:\d+"
     r"|\bgoroutine \d+ \[[^\]\n]*\]:"
     r"|^\s*at [\w$.<>/@-]+\([^)\n]*\)",
     re.MULTILINE,
 )
+# Where a runtime opens a trace with its own header rather than with a frame: Python's
+# "Traceback (most recent call last):" (its exception line comes after the frames).
+_STACK_OPENER = re.compile(r"Traceback \(most recent call last\)")
+# A trace's header: the lines above its first frame that name the exception and carry its
+# message (which holds whatever the failing code had in hand). Searched anywhere in a line, so
+# text before it on that line survives. Java ``Exception in thread "main" pkg.Class: msg``,
+# ``pkg.Class: msg`` and ``pkg.Class``; Node ``TypeError: msg`` / ``Uncaught Error: msg``; Go
+# ``panic: msg`` and ``fatal error: msg``; .NET ``Unhandled exception. System.X: msg`` and its
+# ``---> System.Y: msg`` inner exceptions.
+_STACK_HEADER = re.compile(
+    r"Exception in thread \""
+    r"|\bUnhandled [Ee]xception\b"
+    r"|\bUncaught (?=[\w$.]+\b)"
+    r"|\b(?:panic|fatal error): "
+    r"|(?<![\w$.])(?:[A-Za-z_$][\w$]*\.)*[\w$]*(?:Exception|Error|Throwable)\b"
+    r"|^\s*(?:[A-Za-z_$][\w$]*\.)+[A-Z][\w$]*(?::\s|:?\s*$)"
+)
+# Any name alone on its line, or opening it as "Name: message": the shape of every runtime's
+# header, trusted only on the line right above the first frame (where nothing else prints).
+_STACK_HEADER_SHAPE = re.compile(r"\s*[A-Za-z_$][\w$.]*(?::\s.*|:)?\s*")
+# How far above the first frame a header is looked for (a message may run over lines).
+_STACK_HEADER_LINES = 64
 _BASE64 = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
 _URL_ENCODED = re.compile(r"[^\s\"']*%[0-9A-Fa-f]{2}[^\s\"']*")
 _CREDENTIAL_PAIR = re.compile(r"[^\s:]{1,64}:[^\s]{1,128}")
@@ -321,11 +344,49 @@ def _strip_stack(text: str) -> tuple[str, bool]:
     m = _STACK_START.search(text)
     if m is None:
         return text, False
-    start = m.start()
-    line = text.rfind("\n", 0, start) + 1
-    literal = text.rfind("\\n", 0, start)
-    cut = max(line, literal + 2 if literal >= 0 else 0)
+    # A frame matched by ``^\s*at`` may start with the line breaks above it.
+    first = m.start() + len(m.group()) - len(m.group().lstrip())
+    cut = _line_start(text, first)
+    if not _STACK_OPENER.match(text, first):
+        cut = _header_start(text, cut)
     return text[:cut] + STACK_REDACTED, True
+
+
+def _line_start(text: str, pos: int) -> int:
+    """Where the line holding ``pos`` starts; literal "\\n" separators count as line breaks."""
+    line = text.rfind("\n", 0, pos) + 1
+    literal = text.rfind("\\n", 0, pos)
+    return max(line, literal + 2 if literal >= 0 else 0)
+
+
+def _header_start(text: str, frame: int) -> int:
+    """Where the trace whose first frame's line starts at ``frame`` really starts: at its
+    header, which names the exception and carries its message.
+
+    Walks up the lines above the frame. In the block of lines right above it, the farthest
+    header wins (a message may span lines); a blank line ends the block unless a header sits
+    above it (Go prints ``panic: …``, a blank line, then ``goroutine 1 [running]:``). With no
+    header found, the line right above the frame still goes when it has a header's shape.
+    """
+    cut, pos, gap = frame, frame, False
+    for seen in range(_STACK_HEADER_LINES):
+        if pos == 0:
+            break
+        end = pos - (1 if text[pos - 1] == "\n" else 2)
+        start = _line_start(text, end)
+        line = text[start:end]
+        pos = start
+        if not line.strip():
+            gap = True
+            continue
+        header = _STACK_HEADER.search(line)
+        if header is not None:
+            cut, gap = start + header.start(), False
+        elif gap:
+            break
+        elif seen == 0 and _STACK_HEADER_SHAPE.fullmatch(line):
+            cut = start
+    return cut
 
 
 # --- structures -----------------------------------------------------------------------------

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from callgate.producer.adapters import (
     anthropic_messages,
@@ -60,9 +60,19 @@ __all__ = [
 Envelope = list[dict[str, Any]] | dict[str, Any]
 
 
+class _Reader(Protocol):
+    def __call__(
+        self,
+        response: object,
+        known_tools: frozenset[str],
+        *,
+        allow_missing_stop_reason: bool = False,
+    ) -> list[ProposedCall]: ...
+
+
 @dataclass(frozen=True)
 class _Surface:
-    read: Callable[[object, frozenset[str]], list[ProposedCall]]
+    read: _Reader
     write: Callable[[list[ProposedCall], list[Result]], Envelope]
     tools: Callable[[list[ToolSpec]], list[dict[str, Any]]]
 
@@ -97,7 +107,11 @@ def _adapter(surface: str) -> _Surface:
 
 
 def read_proposals(
-    surface: str, response: object, known_tools: Collection[str]
+    surface: str,
+    response: object,
+    known_tools: Collection[str],
+    *,
+    allow_missing_stop_reason: bool = False,
 ) -> list[ProposedCall]:
     """The tool calls a model proposed in one ``surface`` response, in the model's order.
 
@@ -110,10 +124,18 @@ def read_proposals(
     Arguments come back as a parsed JSON object. A response that never finished — a null
     stop/finish reason or status, as in an SDK stream helper's snapshot of a cut-off stream
     (``get_final_message()``, ``get_final_completion()``) or an SDK object without one — is
-    ``invalid_provider_envelope``.
+    ``invalid_provider_envelope``. So is one that leaves the reason out (``finish_reason``,
+    ``status``, ``stop_reason``, ``finishReason``; a bare Chat Completions assistant message
+    has none): that is what a stream joined by the application's own code or a proxy looks
+    like when it was cut off. A response you built yourself states its reason, or passes
+    ``allow_missing_stop_reason=True`` to have it read as finished (a null is refused still).
     """
     adapter = _adapter(surface)
-    return adapter.read(to_plain(response), frozenset(known_tools))
+    return adapter.read(
+        to_plain(response),
+        frozenset(known_tools),
+        allow_missing_stop_reason=allow_missing_stop_reason,
+    )
 
 
 def read_stream(

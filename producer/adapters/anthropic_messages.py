@@ -7,10 +7,12 @@ inside code execution (``caller.type`` other than ``direct``) still waits for an
 result, so it is read like any other. ``stop_reason: tool_use`` with no ``tool_use`` block is
 ``missing_tool_calls``; ``tool_use`` blocks under a stop reason that cut the message off
 (``max_tokens``, ``model_context_window_exceeded``, ``refusal``) are refused, and so is a
-message whose ``stop_reason`` is null: the SDK's ``messages.stream(...).get_final_message()``
-returns one for a stream cut off mid-way, its last input already parsed from truncated JSON
-(a cut-off ``"amount": 1000`` reads as ``1``). Results go
-back as one ``user`` message; failures set ``is_error``.
+message whose ``stop_reason`` is null (the SDK's ``messages.stream(...).get_final_message()``
+returns one for a stream cut off mid-way, its last input already parsed from truncated JSON:
+a cut-off ``"amount": 1000`` reads as ``1``) or missing (the same stream joined by hand or by
+a proxy; read only when the caller vouches for a message it built,
+``allow_missing_stop_reason``). Results go back as one ``user`` message; failures set
+``is_error``.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from callgate.producer.adapters.base import (
     fail,
     obj,
     proposal,
-    refuse_null_reason,
+    require_reason,
     show,
     unique,
 )
@@ -58,13 +60,15 @@ def refuse_cut_off(stop_reason: object, content: list[object]) -> None:
         )
 
 
-def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
+def read(
+    response: object, known_tools: frozenset[str], *, allow_missing_stop_reason: bool = False
+) -> list[ProposedCall]:
     """Every ``tool_use`` block of the message, in content order."""
     root = obj(response, ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response", "$")
     if root.get("type") == "error" or root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response is an API error", "error")
     content = arr(root.get("content"), ErrorCode.INVALID_PROVIDER_ENVELOPE, "content", "content")
-    refuse_null_reason(root, ("stop_reason",), "stop_reason")
+    require_reason(root, ("stop_reason",), "stop_reason", allow_missing=allow_missing_stop_reason)
     refuse_cut_off(root.get("stop_reason"), content)
     proposals: list[ProposedCall] = []
     for index, raw in enumerate(content):

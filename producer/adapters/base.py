@@ -133,14 +133,23 @@ def get(root: Mapping[str, object], *keys: str) -> object:
     return None
 
 
-def refuse_null_reason(holder: Mapping[str, object], keys: tuple[str, ...], path: str) -> None:
-    """A whole response always says why it stopped; a stop/finish reason present and null says
-    it never finished.
+def require_reason(
+    holder: Mapping[str, object],
+    keys: tuple[str, ...],
+    path: str,
+    *,
+    allow_missing: bool = False,
+) -> None:
+    """A whole response always says why it stopped: refuse one whose stop/finish reason (or
+    status) is null, or left out unless the caller opted in.
 
-    That is what an SDK stream helper returns for a stream cut off mid-way
+    Null is what an SDK stream helper returns for a stream cut off mid-way
     (``get_final_message()``, ``get_final_completion()``, a stream chunk), with the last call's
     arguments truncated or later calls missing, and what an SDK object without a reason dumps
-    to. Refused, calls or not. A plain dict that leaves the field out is read as it stands.
+    to. Missing is what a stream joined by the application's own loop or by a proxy looks like
+    when the connection dropped before the last chunk: the same calls, no reason. Both are
+    refused, calls or not. ``allow_missing`` is the caller saying "I built this myself and it
+    is finished" (a hand-built compact form); it never overrides a null.
     """
     present = [key for key in keys if key in holder]
     if present and all(holder[key] is None for key in present):
@@ -148,6 +157,15 @@ def refuse_null_reason(holder: Mapping[str, object], keys: tuple[str, ...], path
             ErrorCode.INVALID_PROVIDER_ENVELOPE,
             f"{present[0]} is null: the response never finished (a cut-off stream's snapshot"
             " is not a response); read the stream's events or a finished response",
+            path,
+        )
+    if not present and not allow_missing:
+        fail(
+            ErrorCode.INVALID_PROVIDER_ENVELOPE,
+            f"{keys[0]} is missing: nothing says the response finished (a cut-off stream"
+            " joined by hand or by a proxy looks like this); pass the whole response, state"
+            f" its {keys[0]}, or pass allow_missing_stop_reason=True for a response you built"
+            " yourself",
             path,
         )
 

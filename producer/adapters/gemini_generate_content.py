@@ -7,11 +7,13 @@ tool-call stop signal, but ``finishReason`` ``MALFORMED_FUNCTION_CALL``,
 ``malformed_tool_calls``. ``CONTINUATION``, ``MALFORMED_RESPONSE`` and
 ``MISSING_THOUGHT_SIGNATURE`` leave nothing to read (``invalid_provider_envelope``).
 ``functionCall`` parts are read only from a candidate that finished normally (``STOP``, or
-no reason given in a plain dict); under any other reason (``MAX_TOKENS``, ``SAFETY`` …) a
-call may be cut off and is refused, while a candidate without calls is still a final answer.
-A null ``finishReason`` — every google-genai chunk of a stream but the last, or an SDK
-object without one — is refused, calls or not. Streamed pieces of a call (``partialArgs``,
-``willContinue``) are read only from a stream (``read_stream``). A candidate with no
+no reason given when the caller vouches for it with ``allow_missing_stop_reason``); under
+any other reason (``MAX_TOKENS``, ``SAFETY`` …) a call may be cut off and is refused, while a
+candidate without calls is still a final answer. A null ``finishReason`` — every
+google-genai chunk of a stream but the last, or an SDK object without one — is refused,
+calls or not, and so is a missing one (chunks joined by hand or by a proxy). Streamed
+pieces of a call (``partialArgs``, ``willContinue``) are read only from a stream
+(``read_stream``). A candidate with no
 content parts is a final answer only when ``finishReason`` says why (safety, recitation, max
 tokens …); otherwise the envelope is refused. Exactly one candidate is read (with
 ``candidateCount > 1``, pass the response holding the one you continue with).
@@ -32,7 +34,7 @@ from callgate.producer.adapters.base import (
     get,
     obj,
     proposal,
-    refuse_null_reason,
+    require_reason,
     show,
     unique,
 )
@@ -55,7 +57,9 @@ _UNFINISHED = ("CONTINUATION", "MALFORMED_RESPONSE", "MISSING_THOUGHT_SIGNATURE"
 _FINISHED = ("STOP", "FINISH_REASON_UNSPECIFIED")
 
 
-def _parts(root: dict[str, object]) -> tuple[list[object] | None, str | None]:
+def _parts(
+    root: dict[str, object], allow_missing_stop_reason: bool
+) -> tuple[list[object] | None, str | None]:
     """The one candidate's parts (None for a final answer without content) and finishReason."""
     if root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response is an API error", "error")
@@ -77,7 +81,12 @@ def _parts(root: dict[str, object]) -> tuple[list[object] | None, str | None]:
     candidate = obj(
         candidates[0], ErrorCode.INVALID_PROVIDER_ENVELOPE, "a candidate", "candidates[0]"
     )
-    refuse_null_reason(candidate, ("finishReason", "finish_reason"), "candidates[0].finishReason")
+    require_reason(
+        candidate,
+        ("finishReason", "finish_reason"),
+        "candidates[0].finishReason",
+        allow_missing=allow_missing_stop_reason,
+    )
     finish = _finish(candidate)
     content = candidate.get("content")
     parts = get(content, "parts") if isinstance(content, dict) else None
@@ -115,10 +124,12 @@ def _finish(candidate: dict[str, object]) -> str | None:
     return finish
 
 
-def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
+def read(
+    response: object, known_tools: frozenset[str], *, allow_missing_stop_reason: bool = False
+) -> list[ProposedCall]:
     """Every ``functionCall`` part of the candidate, in part order."""
     root = obj(response, ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response", "$")
-    parts, finish = _parts(root)
+    parts, finish = _parts(root, allow_missing_stop_reason)
     if parts is None:
         return []
     proposals: list[ProposedCall] = []

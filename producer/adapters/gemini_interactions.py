@@ -4,8 +4,9 @@ Reads ``steps[]`` and skips every step that is not a function call (``thought``,
 ``model_output``, ``user_input``, provider-run tool steps). A call already answered by a
 ``function_result`` step in the same interaction is not proposed again. ``status:
 requires_action`` with no pending call is ``missing_tool_calls``. Only ``requires_action``
-and ``completed`` interactions (or a plain dict without ``status``) are read; any other status,
-or a null one, is unfinished or cut off and refused with ``invalid_provider_envelope``.
+and ``completed`` interactions are read (a dict without ``status`` only when the caller
+vouches for it with ``allow_missing_stop_reason``); any other status, a null one or a missing
+one is unfinished or cut off and refused with ``invalid_provider_envelope``.
 
 A ``function_call`` step must carry its ``id``: the API always sends one, and the
 ``function_result`` must echo it as ``call_id``, so there is nothing to correlate a made-up
@@ -31,7 +32,7 @@ from callgate.producer.adapters.base import (
     fail,
     obj,
     proposal,
-    refuse_null_reason,
+    require_reason,
     show,
     unique,
 )
@@ -48,7 +49,7 @@ _decode = partial(names.tool_name, SURFACE)
 _READABLE = ("requires_action", "completed")
 
 
-def _steps(root: dict[str, object]) -> list[object]:
+def _steps(root: dict[str, object], allow_missing_stop_reason: bool) -> list[object]:
     if root.get("outputs") is not None:
         fail(
             ErrorCode.INVALID_PROVIDER_ENVELOPE,
@@ -58,7 +59,7 @@ def _steps(root: dict[str, object]) -> list[object]:
         )
     if root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the interaction failed", "error")
-    refuse_null_reason(root, ("status",), "status")
+    require_reason(root, ("status",), "status", allow_missing=allow_missing_stop_reason)
     status = root.get("status")
     if status is not None and status not in _READABLE:
         fail(
@@ -76,10 +77,12 @@ def _steps(root: dict[str, object]) -> list[object]:
     return arr(root["steps"], ErrorCode.INVALID_PROVIDER_ENVELOPE, "steps", "steps")
 
 
-def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
+def read(
+    response: object, known_tools: frozenset[str], *, allow_missing_stop_reason: bool = False
+) -> list[ProposedCall]:
     """Every unanswered ``function_call`` step, in step order."""
     root = obj(response, ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response", "$")
-    steps = _steps(root)
+    steps = _steps(root, allow_missing_stop_reason)
     answered = {
         step.get("call_id")
         for step in steps

@@ -2,9 +2,10 @@
 
 Accepted envelopes: a whole completion (``{choices: [...]}`` with exactly one choice — with
 ``n > 1`` pass the choice you continue with), one choice (``{finish_reason, message}``, the
-compact form), or the assistant message itself (which carries no finish reason, so
-nothing tells whether it was finished: prefer the completion). A ``finish_reason`` present
-and null (an SDK stream accumulator's snapshot of a cut-off stream) is refused.
+compact form), or the assistant message itself. A ``finish_reason`` that is null (an SDK
+stream accumulator's snapshot of a cut-off stream) or missing (a stream joined by hand or
+by a proxy) is refused; the bare message carries none, so it is read only when the caller
+vouches for it (``allow_missing_stop_reason=True``): prefer the completion.
 ``finish_reason: tool_calls`` only says proposals are here; it never means anything ran.
 Tool calls under ``finish_reason`` ``length`` or ``content_filter`` were cut off and are
 refused (``invalid_provider_envelope``).
@@ -27,7 +28,7 @@ from callgate.producer.adapters.base import (
     fail,
     obj,
     proposal,
-    refuse_null_reason,
+    require_reason,
     show,
     unique,
 )
@@ -70,13 +71,21 @@ def _choice(root: dict[str, object]) -> tuple[dict[str, object], dict[str, objec
     return choice, message, f"{path}.message"
 
 
-def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
+def read(
+    response: object, known_tools: frozenset[str], *, allow_missing_stop_reason: bool = False
+) -> list[ProposedCall]:
     """Every function call the assistant message proposes, in the model's order."""
     root = obj(response, ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response", "$")
     if root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response is an API error", "error")
     choice, message, path = _choice(root)
-    refuse_null_reason(choice, ("finish_reason",), path.removesuffix("message") + "finish_reason")
+    # A bare assistant message has no choice around it: its finish_reason is missing.
+    require_reason(
+        choice,
+        ("finish_reason",),
+        path.removesuffix("message") + "finish_reason",
+        allow_missing=allow_missing_stop_reason,
+    )
     finish = choice.get("finish_reason")
     asked = finish == "tool_calls"
     if message.get("function_call") is not None:

@@ -12,8 +12,9 @@ the same output is not proposed again.
 Only a finished response is read: a ``status`` other than ``completed`` (``in_progress``,
 ``queued``, ``incomplete``, ``cancelled``, ``failed``) is ``invalid_provider_envelope``, so
 a background response still running is never taken for "no calls" and a truncated one never
-for a complete call list. A plain dict without ``status`` is read as it stands; a null
-``status`` (or an SDK object without one) is refused. A
+for a complete call list. A null ``status`` (or an SDK object without one) is refused, and so
+is a dict without ``status`` unless the caller vouches for it (``allow_missing_stop_reason``).
+A
 ``function_call`` item that is not ``completed`` (cut off mid-generation) is refused too.
 """
 
@@ -28,7 +29,7 @@ from callgate.producer.adapters.base import (
     fail,
     obj,
     proposal,
-    refuse_null_reason,
+    require_reason,
     show,
     unique,
 )
@@ -65,12 +66,14 @@ def _answered(items: list[object]) -> set[str]:
     return answered
 
 
-def read(response: object, known_tools: frozenset[str]) -> list[ProposedCall]:
+def read(
+    response: object, known_tools: frozenset[str], *, allow_missing_stop_reason: bool = False
+) -> list[ProposedCall]:
     """Every unanswered ``function_call`` item of the response, in output order."""
     root = obj(response, ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response", "$")
     if root.get("error") is not None:
         fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response failed", "error")
-    refuse_null_reason(root, ("status",), "status")
+    require_reason(root, ("status",), "status", allow_missing=allow_missing_stop_reason)
     status = root.get("status")
     if status is not None and status != "completed":
         # in_progress/queued (background mode) hold no calls yet, incomplete ones were cut

@@ -28,7 +28,9 @@ cut off mid-stream must never run. So is one whose stop signal says the output w
 
 SDK stream helpers also hand out an accumulated snapshot (``get_final_message()``,
 ``get_final_completion()``); for a stream cut off mid-way its stop reason is null, and
-``read_proposals`` refuses it rather than run its truncated calls.
+``read_proposals`` refuses it rather than run its truncated calls. A snapshot joined by the
+application's own code or a proxy leaves the reason out instead; refused the same way. The
+terminal event's response or interaction must carry its status too.
 """
 
 from __future__ import annotations

@@ -93,6 +93,108 @@ GAPS: list[tuple[str, Any, str]] = [
 ]
 
 
+# A trace is its header (exception class and message, which may hold anything the failing
+# code had in hand) as well as its frames: (text, what must go, what must stay).
+TRACES: list[tuple[str, str, tuple[str, ...], str]] = [
+    (
+        "java thread header, causes, suppressed",
+        'Exception in thread "main" java.lang.IllegalStateException: card HdrA1 declined\n'
+        "\tat com.acme.Svc.run(Svc.java:42)\n"
+        "\tSuppressed: java.io.IOException: HdrA2\n"
+        "\t\tat com.acme.Svc.close(Svc.java:50)\n"
+        "Caused by: java.sql.SQLException: HdrA3\n"
+        "\t... 1 more",
+        ("HdrA1", "HdrA2", "HdrA3", "IllegalStateException", "Exception in thread"),
+        "",
+    ),
+    (
+        "java header after ordinary text on its line",
+        "charge O-17 failed: java.lang.IllegalStateException: HdrB1\n"
+        "\tat app.payments/com.acme.Svc.charge(Svc.java:42)",
+        ("HdrB1", "IllegalStateException"),
+        "charge O-17 failed: ",
+    ),
+    (
+        "java multi-line message",
+        "before\n\ncom.acme.PaymentDeclined: HdrC1\nsecond line HdrC2\n"
+        "\tat com.acme.Svc.charge(Svc.java:42)",
+        ("HdrC1", "HdrC2", "PaymentDeclined"),
+        "before\n\n",
+    ),
+    (
+        "node",
+        "TypeError: Cannot read HdrD1\n    at Hidden.run (/srv/app/hidden.js:10:15)",
+        ("HdrD1", "TypeError"),
+        "",
+    ),
+    (
+        "node uncaught, anonymous frame",
+        "Uncaught Error: HdrE1\n    at Object.<anonymous> (/srv/a.js:1:7)",
+        ("HdrE1",),
+        "",
+    ),
+    (
+        "go panic",
+        "panic: HdrF1 [recovered]\n\tpanic: HdrF2\n\ngoroutine 1 [running]:\n"
+        "main.f()\n\t/srv/x.go:12 +0x1d",
+        ("HdrF1", "HdrF2", "panic"),
+        "",
+    ),
+    (
+        "go fatal error",
+        "fatal error: HdrG1\n\ngoroutine 1 [running]:\nmain.f()",
+        ("HdrG1",),
+        "",
+    ),
+    (
+        ".NET unhandled, inner exception",
+        "Unhandled exception. System.InvalidOperationException: HdrH1\n"
+        " ---> System.IO.IOException: HdrH2\n"
+        "   at Acme.Svc.Run() in /src/Svc.cs:line 42\n"
+        "   at Acme.Program.Main(String[] args)",
+        ("HdrH1", "HdrH2", "InvalidOperationException"),
+        "",
+    ),
+    (
+        "python, message after the frames",
+        "lookup failed\nTraceback (most recent call last):\n"
+        '  File "/srv/x.py", line 3, in h\n    run()\nValueError: HdrI1',
+        ("HdrI1", "ValueError", "x.py"),
+        "lookup failed\n",
+    ),
+    (
+        "java header with literal \\n separators",
+        "java.lang.IllegalStateException: HdrJ1\\n\\tat com.acme.Svc.run(Svc.java:42)",
+        ("HdrJ1",),
+        "",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("text", "hidden", "kept"), [t[1:] for t in TRACES], ids=[t[0] for t in TRACES]
+)
+def test_a_stack_trace_goes_with_its_header(text: str, hidden: tuple[str, ...], kept: str) -> None:
+    envelope, notes = safe_result(_tool(), {"v": text})
+    shown = envelope["content"]["v"]
+    assert [m for m in hidden if m in shown] == [], shown
+    assert shown == kept + "[stack trace redacted]"
+    assert notes == ["stack_trace_redacted"]
+
+
+@pytest.mark.parametrize(
+    "plain",
+    [
+        "java.lang.IllegalStateException: no frames, so not a trace",
+        "Error: the order O-17 was not found",
+        "ValueError: bad amount",
+    ],
+)
+def test_an_exception_line_without_frames_is_not_a_trace(plain: str) -> None:
+    envelope, notes = safe_result(_tool(), {"v": plain})
+    assert (envelope["content"]["v"], notes) == (plain, [])
+
+
 def _tool(**kw: Any) -> Tool:
     return Tool("t", "test tool", {"type": "object"}, "read", lambda a, c: {}, **kw)
 

@@ -1,8 +1,9 @@
 """The reference TypeScript fixture of the adapters' design, ported case by case (plus
 openai-responses).
 
-Envelopes are the fixture's own compact shapes. Its gate-decision rows (mayExecute) test the
-gate, not the adapters; they are not repeated here.
+Envelopes are the fixture's own compact shapes, each stating its stop/finish reason or
+status (a response without one is refused as possibly cut off). Its gate-decision rows
+(mayExecute) test the gate, not the adapters; they are not repeated here.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ INBOUND: list[tuple[str, dict[str, Any]]] = [
         "openai-responses",
         {
             "object": "response",
+            "status": "completed",
             "output": [{"type": "reasoning", "id": "rs_1", "summary": []}]
             + [
                 {
@@ -91,7 +93,8 @@ INBOUND: list[tuple[str, dict[str, Any]]] = [
                             }
                             for c in PROPOSALS
                         ]
-                    }
+                    },
+                    "finishReason": "STOP",
                 }
             ]
         },
@@ -100,6 +103,7 @@ INBOUND: list[tuple[str, dict[str, Any]]] = [
         "gemini-interactions",
         {
             "id": "interaction-1",
+            "status": "requires_action",
             "steps": [
                 {
                     "type": "function_call",
@@ -146,19 +150,23 @@ INBOUND_NEGATIVES: list[tuple[str, str, dict[str, Any], str]] = [
     (
         "partial arguments",
         "openai-chat",
-        {"message": {"tool_calls": [openai_item("call-1", "get_weather", '{"city":')]}},
+        {
+            "finish_reason": "tool_calls",
+            "message": {"tool_calls": [openai_item("call-1", "get_weather", '{"city":')]},
+        },
         "invalid_arguments_json",
     ),
     (
         "duplicate call id",
         "openai-chat",
         {
+            "finish_reason": "tool_calls",
             "message": {
                 "tool_calls": [
                     openai_item("same", "get_weather", {}),
                     openai_item("same", "get_stock", {}),
                 ]
-            }
+            },
         },
         "duplicate_call_id",
     ),
@@ -172,9 +180,10 @@ INBOUND_NEGATIVES: list[tuple[str, str, dict[str, Any], str]] = [
         "unknown tool",
         "anthropic-messages",
         {
+            "stop_reason": "tool_use",
             "content": [
                 {"type": "tool_use", "id": "call-x", "name": "delete_everything", "input": {}}
-            ]
+            ],
         },
         "unknown_tool",
     ),

@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from callgate.producer.adapters import read_proposals, read_stream, tool_definitions, write_results
+from callgate.producer.adapters import (
+    AdapterError,
+    read_proposals,
+    read_stream,
+    tool_definitions,
+    write_results,
+)
 from callgate.store.types import (
     AppError,
     FailedRetryable,
@@ -106,9 +112,13 @@ def test_openai_sdk_objects_read_like_their_json() -> None:
         assert read_proposals("openai-chat", sdk, tools) == read_proposals(
             "openai-chat", raw, tools
         )
-        assert read_proposals("openai-chat", sdk.choices[0].message, tools) == read_proposals(
-            "openai-chat", raw, tools
-        )
+        # The bare message has no finish_reason: refused unless the caller vouches for it.
+        message = sdk.choices[0].message
+        with pytest.raises(AdapterError) as caught:
+            read_proposals("openai-chat", message, tools)
+        assert caught.value.code == "invalid_provider_envelope"
+        vouched = read_proposals("openai-chat", message, tools, allow_missing_stop_reason=True)
+        assert vouched == read_proposals("openai-chat", raw, tools)
         events = load(f"openai_chat_stream_recorded_{n}.json")
         chunks = [ChatCompletionChunk.model_validate(event) for event in events]
         assert read_stream("openai-chat", chunks, tools) == read_stream(

@@ -105,12 +105,15 @@ def test_chat_custom_tool_calls_are_refused_by_name() -> None:
     assert "custom tool call 'run_sql'" in caught.value.message
 
 
-def test_chat_accepts_a_bare_assistant_message() -> None:
+def test_chat_reads_a_bare_assistant_message_only_when_the_caller_vouches_for_it() -> None:
+    # It carries no finish_reason, so nothing says it finished: refused by default.
     message = {
         "role": "assistant",
         "tool_calls": [function_call("c1", "get_weather", '{"city": "Seoul"}')],
     }
-    assert read_proposals("openai-chat", message, KNOWN) == [WEATHER]
+    assert code_of("openai-chat", message) == "invalid_provider_envelope"
+    read = read_proposals("openai-chat", message, KNOWN, allow_missing_stop_reason=True)
+    assert read == [WEATHER]
 
 
 def test_chat_null_tool_calls_is_a_final_answer() -> None:
@@ -128,7 +131,10 @@ def test_chat_null_tool_calls_is_a_final_answer() -> None:
         ({"error": {"message": "rate limited"}}, "invalid_provider_envelope"),
         ({"choices": [{"finish_reason": "tool_calls", "message": {}}]}, "missing_tool_calls"),
         (
-            {"message": {"function_call": {"name": "get_weather", "arguments": "{}"}}},
+            {
+                "finish_reason": "stop",
+                "message": {"function_call": {"name": "get_weather", "arguments": "{}"}},
+            },
             "malformed_tool_calls",
         ),
         (chat("not a call"), "malformed_tool_calls"),
@@ -255,7 +261,7 @@ def test_anthropic_skips_thinking_and_server_tools_but_keeps_programmatic_calls(
     ],
 )
 def test_anthropic_refusals(content: object, code: str) -> None:
-    assert code_of("anthropic-messages", {"content": content}) == code
+    assert code_of("anthropic-messages", {"stop_reason": "tool_use", "content": content}) == code
 
 
 def test_anthropic_failures_set_is_error_and_keep_their_details() -> None:
@@ -524,13 +530,17 @@ def test_interactions_skip_answered_calls_and_other_steps() -> None:
         ({"status": "requires_action", "steps": [{"type": "thought"}]}, "missing_tool_calls"),
         ({"status": "failed", "steps": []}, "invalid_provider_envelope"),
         ({"status": "completed"}, "invalid_provider_envelope"),
-        ({"steps": {"type": "function_call"}}, "invalid_provider_envelope"),
-        ({"steps": [7]}, "malformed_tool_calls"),
+        (
+            {"status": "requires_action", "steps": {"type": "function_call"}},
+            "invalid_provider_envelope",
+        ),
+        ({"status": "requires_action", "steps": [7]}, "malformed_tool_calls"),
         (
             {
+                "status": "requires_action",
                 "steps": [
                     {"type": "function_call", "id": "c1", "name": "get_weather", "arguments": "x"}
-                ]
+                ],
             },
             "invalid_arguments_json",
         ),

@@ -56,11 +56,8 @@ def test_responses_background_response_still_running_is_not_a_final_answer() -> 
 
 
 @pytest.mark.parametrize("proposals", [[], [WEATHER, STOCK]])
-def test_responses_completed_or_status_less_responses_are_read(
-    proposals: list[ProposedCall],
-) -> None:
-    for status in ("completed", None):
-        assert read_proposals("openai-responses", responses(status, proposals), KNOWN) == proposals
+def test_responses_completed_responses_are_read(proposals: list[ProposedCall]) -> None:
+    assert read_proposals("openai-responses", responses("completed", proposals), KNOWN) == proposals
 
 
 @pytest.mark.parametrize("item_status", ["in_progress", "incomplete"])
@@ -106,10 +103,12 @@ def test_interactions_only_requires_action_or_completed_is_read(
     assert status in error.message
 
 
-def test_interactions_without_status_are_read() -> None:
+def test_interactions_without_status_are_read_only_on_opt_in() -> None:
     response = inbound("gemini-interactions", [WEATHER, STOCK])
     del response["status"]
-    assert read_proposals("gemini-interactions", response, KNOWN) == [WEATHER, STOCK]
+    assert refused("gemini-interactions", response).code == "invalid_provider_envelope"
+    read = read_proposals("gemini-interactions", response, KNOWN, allow_missing_stop_reason=True)
+    assert read == [WEATHER, STOCK]
 
 
 # --- Gemini GenerateContent ----------------------------------------------------------------
@@ -163,8 +162,8 @@ def test_gemini_a_candidate_that_stopped_early_without_calls_is_a_final_answer(
     assert read_proposals("gemini-generate-content", gemini(finish, []), KNOWN) == []
 
 
-@pytest.mark.parametrize("finish", ["STOP", "FINISH_REASON_UNSPECIFIED", None])
-def test_gemini_calls_in_a_finished_candidate_are_read(finish: str | None) -> None:
+@pytest.mark.parametrize("finish", ["STOP", "FINISH_REASON_UNSPECIFIED"])
+def test_gemini_calls_in_a_finished_candidate_are_read(finish: str) -> None:
     response = gemini(finish, [WEATHER, STOCK])
     assert read_proposals("gemini-generate-content", response, KNOWN) == [WEATHER, STOCK]
 
@@ -324,12 +323,76 @@ def test_a_null_stop_reason_is_refused_on_every_surface(
     assert "null" in error.message
 
 
+# --- A missing stop/finish reason: a stream accumulated by hand or by a proxy ------------
+
+
+@pytest.mark.parametrize("proposals", [[WEATHER, STOCK], []], ids=["calls", "no-calls"])
 @pytest.mark.parametrize("surface", list(REASONS))
-def test_a_plain_dict_without_a_stop_reason_is_read_as_it_stands(surface: str) -> None:
-    assert read_proposals(surface, with_reason(surface, [WEATHER, STOCK], _ABSENT), KNOWN) == [
-        WEATHER,
-        STOCK,
+def test_a_response_without_a_stop_reason_is_refused_on_every_surface(
+    surface: str, proposals: list[ProposedCall]
+) -> None:
+    # A user's own loop (or a proxy) that joins a stream's chunks into a dict and stops when
+    # the connection drops leaves the reason out: the calls so far, the last one maybe cut.
+    error = refused(surface, with_reason(surface, proposals, _ABSENT))
+    assert error.code == "invalid_provider_envelope"
+    assert REASONS[surface][1] in error.message and "missing" in error.message
+
+
+@pytest.mark.parametrize("surface", list(REASONS))
+def test_a_hand_built_response_may_opt_in_to_a_missing_stop_reason(surface: str) -> None:
+    response = with_reason(surface, [WEATHER, STOCK], _ABSENT)
+    read = read_proposals(surface, response, KNOWN, allow_missing_stop_reason=True)
+    assert read == [WEATHER, STOCK]
+    final = with_reason(surface, [], _ABSENT)
+    assert read_proposals(surface, final, KNOWN, allow_missing_stop_reason=True) == []
+
+
+@pytest.mark.parametrize("surface", list(REASONS))
+def test_the_opt_in_never_reads_a_null_stop_reason(surface: str) -> None:
+    # Null is an SDK's own word that the response never finished: no opt-in overrides it.
+    response = with_reason(surface, [WEATHER], None)
+    with pytest.raises(AdapterError) as caught:
+        read_proposals(surface, response, KNOWN, allow_missing_stop_reason=True)
+    assert caught.value.code == "invalid_provider_envelope" and "null" in caught.value.message
+
+
+def test_chat_a_bare_assistant_message_says_nothing_about_finishing() -> None:
+    message = inbound("openai-chat", [WEATHER])["choices"][0]["message"]
+    error = refused("openai-chat", message)
+    assert error.code == "invalid_provider_envelope" and "finish_reason" in error.message
+    assert read_proposals("openai-chat", message, KNOWN, allow_missing_stop_reason=True) == [
+        WEATHER
     ]
+    # the compact choice states its reason and is read as it stands
+    compact = {"finish_reason": "tool_calls", "message": message}
+    assert read_proposals("openai-chat", compact, KNOWN) == [WEATHER]
+
+
+def test_gemini_a_candidate_without_a_reason_in_either_spelling_is_refused() -> None:
+    response = with_reason("gemini-generate-content", [WEATHER], _ABSENT)
+    assert refused("gemini-generate-content", response).code == "invalid_provider_envelope"
+    response["candidates"][0]["finish_reason"] = "STOP"  # the SDK's snake_case spelling
+    assert read_proposals("gemini-generate-content", response, KNOWN) == [WEATHER]
+
+
+@pytest.mark.parametrize(
+    ("surface", "event"),
+    [
+        ("openai-responses", lambda r: {"type": "response.completed", "response": r}),
+        (
+            "gemini-interactions",
+            lambda r: {"event_type": "interaction.completed", "interaction": r},
+        ),
+    ],
+)
+def test_a_stream_whose_terminal_event_carries_no_status_is_refused(
+    surface: str, event: Any
+) -> None:
+    # The terminal event carries the whole response; without its status it is the same
+    # hand-joined dict as above, and the stream gives the same error as the response.
+    events = [event(with_reason(surface, [WEATHER], _ABSENT))]
+    error = refused(surface, events, stream=True)
+    assert error.code == "invalid_provider_envelope" and "missing" in error.message
 
 
 def test_gemini_snake_case_null_finish_reason_is_refused() -> None:
@@ -364,3 +427,28 @@ def test_sdk_objects_without_a_stop_reason_are_refused() -> None:
         with_reason("gemini-generate-content", [WEATHER], _ABSENT)
     )
     assert refused("gemini-generate-content", chunk).code == "invalid_provider_envelope"
+
+
+@pytest.mark.parametrize("surface", list(REASONS))
+def test_the_cli_and_api_intake_refuses_a_response_without_a_stop_reason(surface: str) -> None:
+    # `callgate submit --provider` and `POST /v1/turns?provider=` read through this one
+    # function, with no opt-in: their body states its reason.
+    from callgate.producer import intake
+
+    response = with_reason(surface, [WEATHER], _ABSENT)
+    with pytest.raises(AdapterError) as caught:
+        intake.proposals_from(response, provider=surface, stream=False, known_tools=KNOWN)
+    assert caught.value.code == "invalid_provider_envelope"
+    stated = with_reason(surface, [WEATHER], REASONS_GIVEN[surface])
+    assert intake.proposals_from(stated, provider=surface, stream=False, known_tools=KNOWN) == [
+        WEATHER
+    ]
+
+
+REASONS_GIVEN = {
+    "openai-chat": "tool_calls",
+    "openai-responses": "completed",
+    "anthropic-messages": "tool_use",
+    "gemini-generate-content": "STOP",
+    "gemini-interactions": "requires_action",
+}
