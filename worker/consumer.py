@@ -232,7 +232,16 @@ class Consumer:
                         self._stopping.wait(OUTAGE_PAUSE_SECONDS)
                         continue
                     # The call stays open in Postgres; the sweeper dispatches it again.
-                    log.exception("delivery of call %s failed", ref)
+                    if _outage(exc):  # expected: a long outage, not a bug (no traceback)
+                        log.warning(
+                            "delivery of call %s met an outage %d times (%s); left open for "
+                            "the sweeper",
+                            ref,
+                            attempt,
+                            exc,
+                        )
+                    else:
+                        log.exception("delivery of call %s failed", ref)
                     break
         finally:
             metrics.WORKER_IN_FLIGHT.dec()
