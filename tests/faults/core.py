@@ -53,6 +53,7 @@ class RoundTrip:
     phase: str  # "execute", "parse" (a prepare without execution) or "redis"
     application: str = ""  # Postgres: the connection's application_name
     commands: tuple[tuple[bytes, ...], ...] = ()  # Redis: each command's words
+    params: str = ""  # Postgres: the executed statements' bound values, as text
 
 
 @dataclass

@@ -48,10 +48,29 @@ def _cstring(body: bytes, at: int) -> tuple[str, int]:
     return body[at:end].decode("utf-8", "replace"), end + 1
 
 
+def _bound_values(body: bytes, at: int) -> list[str]:
+    """A Bind message's parameter values (text; a binary value decoded as far as it goes)."""
+    (nformats,) = struct.unpack_from("!h", body, at)
+    at += 2 + 2 * nformats
+    (nparams,) = struct.unpack_from("!h", body, at)
+    at += 2
+    values = []
+    for _ in range(nparams):
+        (size,) = struct.unpack_from("!i", body, at)
+        at += 4
+        if size < 0:
+            values.append("NULL")
+            continue
+        values.append(body[at : at + size].decode("utf-8", "replace"))
+        at += size
+    return values
+
+
 def sql_fault(
     kind: FaultKind,
     pattern: str,
     *,
+    params: str | None = None,
     nth: int = 1,
     seconds: float = 0.0,
     application: str | None = None,
@@ -63,8 +82,10 @@ def sql_fault(
     """A fault on the ``nth`` round trip whose SQL matches ``pattern`` (re.search, case
     insensitive, DOTALL), sent by a connection whose application_name matches
     ``application`` (a regex, fullmatch) if given, in ``phase`` ("execute": a simple query
-    or an Execute; "parse": a prepare round trip; "any")."""
+    or an Execute; "parse": a prepare round trip; "any"), and whose bound values (or SQL
+    text, for a simple query) match ``params`` if given."""
     regex = re.compile(pattern, re.IGNORECASE | re.DOTALL)
+    values = re.compile(params) if params is not None else None
     app = re.compile(application) if application is not None else None
 
     def matches(rt: RoundTrip) -> bool:
@@ -72,9 +93,12 @@ def sql_fault(
             return False
         if app is not None and not app.fullmatch(rt.application):
             return False
+        if values is not None and not values.search(rt.params or rt.text):
+            return False
         return regex.search(rt.text) is not None
 
     where = f" from {application}" if application else ""
+    where += f" with /{params}/" if params else ""
     return Fault(
         kind,
         matches,
@@ -148,6 +172,8 @@ class PgProxy(Proxy):
     ) -> None:
         statements: dict[str, str] = {}
         portals: dict[str, str] = {}
+        bound: dict[str, list[str]] = {}
+        values: list[str] = []
         held: list[bytes] = []
         executed: list[str] = []
         parsed: list[str] = []
@@ -165,11 +191,13 @@ class PgProxy(Proxy):
                     parsed.append(sql)
                 elif kind == ord("B"):
                     portal, at = _cstring(body, 0)
-                    stmt, _ = _cstring(body, at)
+                    stmt, at = _cstring(body, at)
                     portals[portal] = stmt
+                    bound[portal] = _bound_values(body, at)
                 elif kind == ord("E"):
                     portal, _ = _cstring(body, 0)
                     executed.append(statements.get(portals.get(portal, ""), ""))
+                    values.extend(bound.get(portal, []))
                 elif kind == ord("C") and body[:1] == b"S":
                     statements.pop(_cstring(body, 1)[0], None)
                 held.append(raw)
@@ -177,13 +205,16 @@ class PgProxy(Proxy):
             if kind == ord("S"):
                 held.append(raw)
                 if executed:
-                    rt = RoundTrip("; ".join(executed), "execute", application)
+                    rt = RoundTrip(
+                        "; ".join(executed), "execute", application, params=" ".join(values)
+                    )
                 else:
                     rt = RoundTrip("; ".join(parsed), "parse", application)
                 data = b"".join(held)
                 held.clear()
                 executed.clear()
                 parsed.clear()
+                values.clear()
             elif kind == ord("Q"):
                 rt = RoundTrip(body[:-1].decode("utf-8", "replace"), "execute", application)
                 data = raw

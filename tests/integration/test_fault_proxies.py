@@ -196,3 +196,13 @@ def test_redis_refuse_and_stall(redis_proxy: RedisProxy, redis_url: str, key: st
     assert time.monotonic() - started >= 0.8
     assert client.get(key) == b"2"
     client.delete(key)
+
+
+def test_a_fault_can_target_bound_values(pg_proxy: PgProxy, table: str) -> None:
+    fault = pg_proxy.arm(sql_fault(CUT, r"INSERT INTO marks", params=r"^target$"))
+    with psycopg.connect(pg_proxy.url(table), autocommit=True) as conn:
+        conn.execute("INSERT INTO marks (note) VALUES (%s)", ("other",), prepare=True)
+        with pytest.raises(psycopg.OperationalError):
+            conn.execute("INSERT INTO marks (note) VALUES (%s)", ("target",), prepare=True)
+    assert fault.hit is not None and fault.hit.params == "target"
+    assert _count(table, "other") == 1 and _count(table, "target") == 0
