@@ -55,6 +55,7 @@ TERMINAL = ("succeeded", "failed_retryable", "failed_terminal")
 WORKER = "callgate-worker"
 PRODUCER = "callgate-producer"
 RELAYER = "callgate-relayer"
+SWEEPER = "callgate-sweeper"
 
 
 @dataclass(frozen=True)
@@ -112,6 +113,12 @@ class RoundTripSpec:
     stack_after_submit: bool = False
     pass_operation_ids: bool = True
     hold_seconds: float = 0.0  # the keyed write's handler runs this long (renewals)
+    # A fault on the downstream's own round trip leaves the handler itself unable to tell
+    # whether its write applied: ``reconciliation_pending`` is then the true outcome.
+    handler_cannot_tell: bool = False
+    # No worker until the fault fired: the turn waits past the stale window, so the
+    # sweeper's re-dispatch is the round trip under test.
+    late_worker: bool = False
 
 
 def _redis(command: str, args: Callable[[Ids], str] | None = None, nth: int = 1) -> Any:
@@ -174,6 +181,7 @@ ROUND_TRIPS: dict[str, RoundTripSpec] = {
                 "faults-downstream",
                 lambda ids: re.escape(ids.unkeyed_op),
             ),
+            handler_cannot_tell=True,
         ),
         RoundTripSpec(
             "complete (keyed write)",
@@ -193,6 +201,12 @@ ROUND_TRIPS: dict[str, RoundTripSpec] = {
             # The producer's enqueue is the first RPUSH to the queue; the worker's enqueue
             # of the unkeyed write, once the keyed one completed, the second.
             _redis("RPUSH", lambda ids: r"^rq:queue:", nth=2),
+        ),
+        RoundTripSpec(
+            "sweep re-dispatch",
+            "postgres",
+            _pg(r"SET dispatched_at = now\(\), dispatches = dispatches \+ 1", SWEEPER),
+            late_worker=True,
         ),
         RoundTripSpec(
             "relay publish",
@@ -220,6 +234,7 @@ class CellResult:
     fault: str
     verdict: str  # "held", "BROKE", "not hit"
     broken: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # accepted, but worth a look
     evidence: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
 
@@ -227,9 +242,15 @@ class CellResult:
         lines = [
             f"round trip {self.round_trip!r} × fault {self.fault!r}: {self.verdict}",
             *[f"  - {b}" for b in self.broken],
+            *[f"  note: {n}" for n in self.notes],
             f"  evidence: {json.dumps(self.evidence, default=str, sort_keys=True)}",
         ]
         return "\n".join(lines)
+
+
+def _says_recorded(err: CallgateError) -> bool:
+    """The error states that the turn is recorded (nothing to submit again)."""
+    return re.search(r"\bis recorded\b", err.message) is not None
 
 
 def _says_maybe_recorded(err: CallgateError) -> bool:
@@ -256,7 +277,7 @@ def render(results: list[CellResult]) -> str:
             if r is None:
                 row.append("·")
             elif r.verdict == "held":
-                row.append("held")
+                row.append("held" + (f" ({'; '.join(r.notes)})" if r.notes else ""))
             else:
                 row.append(f"**{r.verdict}**: " + "; ".join(r.broken)[:200])
         lines.append(f"| {name} | " + " | ".join(row) + " |")
@@ -292,7 +313,13 @@ class Cell:
         seconds = {REFUSE: REFUSE_SECONDS, STALL: STALL_SECONDS}.get(self.kind, 0.0)
         fault = self.spec.build(self.kind, seconds, ids)
         result = CellResult(self.spec.name, FAULT_NAMES[self.kind], "held")
-        stack = Stack(env=env, workers=1, relayer=True, sweeper=True, log_path=str(self.log_path))
+        stack = Stack(
+            env=env,
+            workers=0 if self.spec.late_worker else 1,
+            relayer=True,
+            sweeper=True,
+            log_path=str(self.log_path),
+        )
         producer = Producer.from_env(Settings.from_env(env))
         try:
             if not self.spec.stack_after_submit:
@@ -301,6 +328,10 @@ class Cell:
             submit_errors = self._submit(producer, ids, result)
             if self.spec.stack_after_submit:
                 self._start(stack, queue)
+            if self.spec.late_worker:
+                fault.wait(END_WITHIN_SECONDS / 2)
+                stack.start_worker("worker-1")
+                wait_for_workers(self.redis_url, queue, 1)
             ended = self._wait_ended(ids)
             if fault.hit_at is not None:  # a stalled round trip may still land: let it
                 time.sleep(max(0.0, fault.hit_at + seconds + 1.0 - time.monotonic()))
@@ -322,7 +353,8 @@ class Cell:
 
     def _start(self, stack: Stack, queue: str) -> None:
         stack.__enter__()
-        wait_for_workers(self.redis_url, queue, 1)
+        if stack.workers:
+            wait_for_workers(self.redis_url, queue, stack.workers)
 
     def _proposals(self, ids: Ids) -> list[dict[str, Any]]:
         return [
@@ -341,7 +373,9 @@ class Cell:
 
     def _submit(self, producer: Producer, ids: Ids, result: CellResult) -> list[CallgateError]:
         """Submit as an application does: on an error, look whether the turn exists (the
-        check), then submit again once, as the error invites."""
+        check), then submit again once unless the error says the turn is recorded (an
+        error that says it may be recorded invites the same request again: a repeat of it
+        must return the first turn)."""
         context = {
             "request_id": ids.request_id,
             "tenant_id": "tenant-f",
@@ -368,6 +402,8 @@ class Cell:
                         f"submit raised {err.code} ({err.message!r}), which does not say the "
                         f"turn may be recorded, but {len(recorded)} turn(s) of the request are"
                     )
+                if _says_recorded(err):
+                    return errors
         return errors
 
     def _rows(self, sql: str, *params: Any) -> list[dict[str, Any]]:
@@ -447,7 +483,9 @@ class Cell:
                 continue
             if c["operation_id"] in applied and c["state"] != "succeeded":
                 honest = c["code"] == "reconciliation_pending"
-                if not (honest and fault.kind == STALL):
+                if honest and (fault.kind == STALL or self.spec.handler_cannot_tell):
+                    result.notes.append(f"{c['tool_name']}: applied, reconciliation_pending")
+                else:
                     result.broken.append(
                         f"{where}: its write applied, but it ended {c['state']}/{c['code']}"
                     )

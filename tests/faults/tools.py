@@ -23,6 +23,7 @@ import psycopg
 from pydantic import BaseModel, ConfigDict, Field
 
 from callgate.store.db import libpq_url
+from callgate.store.errors import ErrorCode, ToolError
 from callgate.worker.registry import (
     READ_ONLY,
     Downstream,
@@ -69,10 +70,21 @@ class WriteArgs(BaseModel):
 
 
 def _downstream() -> psycopg.Connection[Any]:
+    """A connection to the downstream. A failure to connect is reported as what it is: the
+    downstream was not reached, so this attempt applied nothing (what a user's handler would
+    say; without it callgate must assume an unkeyed write may have applied)."""
     url = os.environ.get("CALLGATE_DOWNSTREAM_DATABASE_URL") or os.environ["CALLGATE_DATABASE_URL"]
-    return psycopg.connect(
-        libpq_url(url), autocommit=True, application_name="faults-downstream", connect_timeout=5
-    )
+    try:
+        return psycopg.connect(
+            libpq_url(url),
+            autocommit=True,
+            application_name="faults-downstream",
+            connect_timeout=5,
+        )
+    except psycopg.OperationalError:
+        raise ToolError(
+            "the downstream is unreachable", code=ErrorCode.UPSTREAM_UNAVAILABLE, applied=False
+        ) from None
 
 
 def _run(conn: psycopg.Connection[Any], tool: str, ctx: ExecutionContext, note: str) -> None:
