@@ -330,6 +330,10 @@ class Cell:
                 self._start(stack, queue)
             if self.spec.late_worker:
                 fault.wait(END_WITHIN_SECONDS / 2)
+                if self.kind == REFUSE and fault.hit_at is not None:
+                    # `callgate worker` exits when it cannot reach Postgres at start (not a
+                    # promise about calls; noted in the report): start it after the window.
+                    time.sleep(max(0.0, fault.hit_at + seconds - time.monotonic()))
                 stack.start_worker("worker-1")
                 wait_for_workers(self.redis_url, queue, 1)
             ended = self._wait_ended(ids)
