@@ -1,0 +1,237 @@
+"""What both proxies share: the asyncio loop they run on, faults, and the listener."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Literal, TypeVar
+
+_T = TypeVar("_T")
+
+FaultKind = Literal["cut", "lose_reply", "refuse", "stall"]
+
+# The four faults, as the sweep names them.
+CUT: FaultKind = "cut"  # close both sides without forwarding the round trip
+LOSE_REPLY: FaultKind = "lose_reply"  # the server executes it; its reply never arrives
+REFUSE: FaultKind = "refuse"  # cut it, and refuse every new connection for ``seconds``
+STALL: FaultKind = "stall"  # hold it (or its reply) for ``seconds``, then go on
+
+
+class _Loop:
+    """One background event loop for every proxy of the process (daemon thread)."""
+
+    _lock = threading.Lock()
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    @classmethod
+    def get(cls) -> asyncio.AbstractEventLoop:
+        with cls._lock:
+            if cls._loop is None:
+                loop = asyncio.new_event_loop()
+                threading.Thread(target=loop.run_forever, name="fault-proxies", daemon=True).start()
+                cls._loop = loop
+            return cls._loop
+
+
+def run(coro: Coroutine[Any, Any, _T], timeout: float = 10.0) -> _T:
+    """Run ``coro`` on the proxies' loop from a test's thread."""
+    return asyncio.run_coroutine_threadsafe(coro, _Loop.get()).result(timeout)
+
+
+@dataclass(frozen=True)
+class RoundTrip:
+    """One unit a fault can hit: a Postgres round trip (up to Sync, or one simple query) or a
+    batch of Redis commands read together (a pipeline)."""
+
+    text: str  # SQL, or the commands as "NAME arg arg; NAME …"
+    phase: str  # "execute", "parse" (a prepare without execution) or "redis"
+    application: str = ""  # Postgres: the connection's application_name
+    commands: tuple[tuple[bytes, ...], ...] = ()  # Redis: each command's words
+    params: str = ""  # Postgres: the executed statements' bound values, as text
+
+
+@dataclass
+class Fault:
+    """Armed on a proxy: hits the ``nth`` matching round trip, once.
+
+    ``stall_reply``: a stall forwards the round trip at once and holds its reply instead.
+    ``cut_all``: a refusal also cuts every open connection (a server restart), not only the
+    one that carried the matching round trip.
+    """
+
+    kind: FaultKind
+    matches: Callable[[RoundTrip], bool]
+    label: str
+    nth: int = 1
+    seconds: float = 0.0
+    stall_reply: bool = False
+    cut_all: bool = False
+    seen: int = 0
+    hit: RoundTrip | None = None
+    hit_at: float | None = None
+    fired: threading.Event = field(default_factory=threading.Event)
+
+    def wait(self, timeout: float) -> bool:
+        return self.fired.wait(timeout)
+
+    def describe(self) -> str:
+        extra = f" {self.seconds:g}s" if self.kind in (REFUSE, STALL) else ""
+        return f"{self.kind}{extra} on #{self.nth} {self.label}"
+
+
+class Proxy:
+    """A TCP listener on a free local port forwarding to ``upstream``; subclasses speak the
+    protocol in ``_relay``."""
+
+    def __init__(self, upstream_host: str, upstream_port: int) -> None:
+        self.upstream = (upstream_host, upstream_port)
+        self.host = "127.0.0.1"
+        self.port = 0
+        self._server: asyncio.base_events.Server | None = None
+        self._faults: list[Fault] = []
+        self._lock = threading.Lock()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._refusing_until = 0.0
+        self.connections = 0
+        self.refused = 0
+        # Every round trip seen (text, phase, application), for tests choosing patterns.
+        self.seen: list[RoundTrip] = []
+        self.keep_seen = False
+        self.fired: list[Fault] = []
+        self._tasks: set[asyncio.Future[None]] = set()  # refusals under way (kept referenced)
+
+    # --- control, from a test's thread ------------------------------------------------
+    def start(self) -> Proxy:
+        run(self._listen())
+        return self
+
+    def stop(self) -> None:
+        run(self._close_all(listening=True))
+
+    def arm(self, fault: Fault) -> Fault:
+        with self._lock:
+            self._faults.append(fault)
+        return fault
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def refuse_for(self, seconds: float) -> None:
+        """Stop listening for ``seconds``: new connections are refused (ECONNREFUSED)."""
+        asyncio.run_coroutine_threadsafe(self._refuse(seconds), _Loop.get())
+
+    def cut_all(self) -> None:
+        run(self._close_all(listening=False))
+
+    # --- on the loop ------------------------------------------------------------------
+    async def _listen(self) -> None:
+        self._server = await asyncio.start_server(
+            self._accept, self.host, self.port, reuse_address=True
+        )
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _refuse(self, seconds: float) -> None:
+        self._refusing_until = max(self._refusing_until, time.monotonic() + seconds)
+        if self._server is not None:
+            self._server.close()  # not wait_closed(): that would wait for open connections
+            self._server = None
+            while time.monotonic() < self._refusing_until:
+                await asyncio.sleep(self._refusing_until - time.monotonic())
+            for _ in range(50):  # the port may linger briefly; keep the same one
+                try:
+                    await self._listen()
+                    return
+                except OSError:
+                    await asyncio.sleep(0.1)
+            raise RuntimeError(f"fault proxy could not listen on port {self.port} again")
+
+    async def _close_all(self, *, listening: bool) -> None:
+        if listening and self._server is not None:
+            self._server.close()
+            self._server = None
+        for w in list(self._writers):
+            abort(w)
+
+    async def _accept(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        if time.monotonic() < self._refusing_until:
+            self.refused += 1
+            abort(cwriter)
+            return
+        try:
+            sreader, swriter = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            abort(cwriter)
+            return
+        self.connections += 1
+        self._writers.update((cwriter, swriter))
+        try:
+            await self._relay(creader, cwriter, sreader, swriter)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, Cut):
+            pass
+        finally:
+            abort(cwriter)
+            abort(swriter)
+            self._writers.discard(cwriter)
+            self._writers.discard(swriter)
+
+    async def _relay(
+        self,
+        creader: asyncio.StreamReader,
+        cwriter: asyncio.StreamWriter,
+        sreader: asyncio.StreamReader,
+        swriter: asyncio.StreamWriter,
+    ) -> None:
+        raise NotImplementedError
+
+    def decide(self, rt: RoundTrip) -> Fault | None:
+        """The fault this round trip fires, if any (each fault fires once)."""
+        with self._lock:
+            if self.keep_seen:
+                self.seen.append(rt)
+            for fault in self._faults:
+                if fault.matches(rt):
+                    fault.seen += 1
+                    if fault.seen == fault.nth:
+                        self._faults.remove(fault)
+                        fault.hit = rt
+                        fault.hit_at = time.monotonic()
+                        self.fired.append(fault)
+                        return fault
+        return None
+
+    async def apply_before(self, fault: Fault) -> None:
+        """Faults that act before the round trip is forwarded (raise Cut to drop it)."""
+        if fault.kind == CUT:
+            fault.fired.set()
+            raise Cut
+        if fault.kind == REFUSE:
+            task = asyncio.ensure_future(self._refuse(fault.seconds))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+            if fault.cut_all:
+                await self._close_all(listening=False)
+            fault.fired.set()
+            raise Cut
+        if fault.kind == STALL and not fault.stall_reply:
+            fault.fired.set()
+            await asyncio.sleep(fault.seconds)
+
+
+class Cut(Exception):
+    """Ends a relay: both sides are closed."""
+
+
+def abort(writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(Exception):
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            # RST, not FIN: the peer learns at once that the connection is gone.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        writer.transport.abort()
