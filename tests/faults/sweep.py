@@ -377,9 +377,9 @@ class Cell:
 
     def _submit(self, producer: Producer, ids: Ids, result: CellResult) -> list[CallgateError]:
         """Submit as an application does: on an error, look whether the turn exists (the
-        check), then submit again once unless the error says the turn is recorded (an
-        error that says it may be recorded invites the same request again: a repeat of it
-        must return the first turn)."""
+        check), then submit again once unless the error says the turn is recorded. The
+        repeat passes the submit key the error names (as docs/guarantees.md tells a caller
+        to), so a repeat of a turn that was recorded must return it, not record another."""
         context = {
             "request_id": ids.request_id,
             "tenant_id": "tenant-f",
@@ -392,22 +392,32 @@ class Cell:
             else None
         )
         errors: list[CallgateError] = []
+        submit_key: str | None = None
         for attempt in (1, 2):
             try:
-                producer.submit(self._proposals(ids), context, operation_ids=operation_ids)
+                producer.submit(
+                    self._proposals(ids),
+                    context,
+                    operation_ids=operation_ids,
+                    submit_key=submit_key,
+                )
                 return errors
             except CallgateError as err:
                 errors.append(err)
                 recorded = self._turns(ids)
                 result.evidence[f"submit_error_{attempt}"] = f"{err.code}: {err.message}"
                 result.evidence[f"turns_after_error_{attempt}"] = len(recorded)
-                if recorded and (err.code == "invalid_input" or not _says_maybe_recorded(err)):
+                says_not = getattr(err, "recorded", None) is False
+                if recorded and (
+                    err.code == "invalid_input" or says_not or not _says_maybe_recorded(err)
+                ):
                     result.broken.append(
                         f"submit raised {err.code} ({err.message!r}), which does not say the "
                         f"turn may be recorded, but {len(recorded)} turn(s) of the request are"
                     )
-                if _says_recorded(err):
+                if _says_recorded(err) or getattr(err, "recorded", None) is True:
                     return errors
+                submit_key = getattr(err, "submit_key", None)
         return errors
 
     def _rows(self, sql: str, *params: Any) -> list[dict[str, Any]]:

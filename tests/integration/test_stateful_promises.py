@@ -356,9 +356,6 @@ def test_promises_hold_across_interleavings_at_length(
 
 
 # A stale window shorter than the steps: untaken calls look like a backlog to the sweeper.
-@pytest.mark.xfail(
-    reason="issue 21 item 4: the sweeper ends a backlogged call delivery_exhausted", strict=False
-)
 @pytest.mark.timeout(900)
 def test_a_backlog_never_ends_a_call(
     world_factory: Callable[[float], World], request: pytest.FixtureRequest
