@@ -201,22 +201,39 @@ return #ids
 """
 
 
-# KEYS: the workers set. ARGV: the job key prefix, the worker key prefix, then job ids.
-# Returns, per job id, where its job is: 'queued' (its job hash exists: it waits in the
-# queue, or in a taking list), 'taken' (in the taken hash of a worker whose liveness key
-# exists), or 'absent' (nowhere Redis knows of: the delivery was lost, or it returned
-# without ending the call). One round trip for a sweep's whole batch.
+# KEYS: the workers set, the queue list. ARGV: the job key prefix, the worker key prefix,
+# the largest number of waiting ids read in full, then job ids.
+# Returns, per job id, where its job is: 'queued' (it waits in the queue, or in a taking
+# list), 'taken' (in the taken hash of a worker whose liveness key exists), or 'absent'
+# (nowhere Redis knows of: the delivery was lost, or it returned without ending the call).
+# A job waits if its job hash exists AND its id is in a waiting list: a hash whose list entry
+# is gone (a partial loss: an evicted or deleted queue key) is a lost job, not a backlog that
+# never moves. The lists are read in full once per call, up to ARGV[3] ids; a longer backlog
+# is judged by the hashes alone (reading it would block Redis), except that an empty one
+# holds nothing. One round trip for a sweep's whole batch.
 JOB_STATES_LUA = """
 local live = {}
+local lists = {KEYS[2]}
 for _, w in ipairs(redis.call('SMEMBERS', KEYS[1])) do
   if redis.call('EXISTS', ARGV[2] .. w .. ':alive') == 1 then
     table.insert(live, ARGV[2] .. w .. ':taken')
   end
+  table.insert(lists, ARGV[2] .. w .. ':taking')
+end
+local waiting = 0
+for _, l in ipairs(lists) do waiting = waiting + redis.call('LLEN', l) end
+local listed = nil
+if waiting <= tonumber(ARGV[3]) then
+  listed = {}
+  for _, l in ipairs(lists) do
+    for _, id in ipairs(redis.call('LRANGE', l, 0, -1)) do listed[id] = true end
+  end
 end
 local out = {}
-for i = 3, #ARGV do
+for i = 4, #ARGV do
   local state = 'absent'
-  if redis.call('EXISTS', ARGV[1] .. ARGV[i]) == 1 then
+  if redis.call('EXISTS', ARGV[1] .. ARGV[i]) == 1 and waiting > 0
+     and (listed == nil or listed[ARGV[i]]) then
     state = 'queued'
   else
     for _, taken in ipairs(live) do
@@ -231,6 +248,9 @@ end
 return out
 """
 
+# How many waiting job ids ``JOB_STATES_LUA`` reads to check that a job hash is still listed.
+JOB_STATES_LIST_LIMIT = 10_000
+
 
 def job_states(queue: Queue, refs: list[uuid.UUID]) -> dict[uuid.UUID, str]:
     """Where each call's job is now: 'queued', 'taken' (by a live worker) or 'absent'."""
@@ -239,10 +259,11 @@ def job_states(queue: Queue, refs: list[uuid.UUID]) -> dict[uuid.UUID, str]:
     conn: redis.Redis = queue.connection
     with translate_errors("job lookup"):
         states = conn.register_script(JOB_STATES_LUA)(
-            keys=[workers_key(queue.name)],
+            keys=[workers_key(queue.name), queue.key],
             args=[
                 Job.redis_job_namespace_prefix,
                 worker_prefix(queue.name),
+                JOB_STATES_LIST_LIMIT,
                 *(job_id(r) for r in refs),
             ],
         )

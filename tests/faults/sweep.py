@@ -41,6 +41,10 @@ from tests.faults.redisproxy import RedisProxy, command_fault, script_fault
 
 LEASE_SECONDS = 3.0
 REFUSE_SECONDS = 3.0  # shorter than the documented 10 s reconnect window
+# A refusal is an outage shorter than the lease (as a PostgreSQL restart is against the 30 s
+# default): the owner keeps its lease and stores its own result. An outage longer than the
+# lease is a stall past it: a takeover then settles the call (the stall cells).
+REFUSE_LEASE_SECONDS = 3 * REFUSE_SECONDS
 STALL_SECONDS = LEASE_SECONDS + 2.5  # past the lease
 END_WITHIN_SECONDS = 60.0
 FAULTS: tuple[FaultKind, ...] = (CUT, LOSE_REPLY, REFUSE, STALL)
@@ -116,8 +120,9 @@ class RoundTripSpec:
     # A fault on the downstream's own round trip leaves the handler itself unable to tell
     # whether its write applied: ``reconciliation_pending`` is then the true outcome.
     handler_cannot_tell: bool = False
-    # No worker until the fault fired: the turn waits past the stale window, so the
-    # sweeper's re-dispatch is the round trip under test.
+    # No worker until the fault fired, and the turn's jobs lost from Redis after the
+    # submit (a job still queued is a backlog, never dispatched again): past the stale
+    # window the sweeper's re-dispatch is the round trip under test.
     late_worker: bool = False
 
 
@@ -305,7 +310,9 @@ class Cell:
             "CALLGATE_REDIS_URL": self.redis.url(self.redis_url),
             "CALLGATE_QUEUE": queue,
             "CALLGATE_TOOLS": "tests.faults.tools:registry",
-            "CALLGATE_LEASE_SECONDS": str(LEASE_SECONDS),
+            "CALLGATE_LEASE_SECONDS": str(
+                REFUSE_LEASE_SECONDS if self.kind == REFUSE else LEASE_SECONDS
+            ),
             "CALLGATE_SWEEP_SECONDS": "0.5",
             "CALLGATE_STALE_SECONDS": "5",
             "CALLGATE_WORKER_GRACE_SECONDS": "2",
@@ -329,6 +336,13 @@ class Cell:
             if self.spec.stack_after_submit:
                 self._start(stack, queue)
             if self.spec.late_worker:
+                # Redis loses the queued jobs (as a flush of that key would): only a lost
+                # job is dispatched again.
+                lose = transport.connect(self.redis_url)
+                try:
+                    lose.delete(f"rq:queue:{queue}")
+                finally:
+                    lose.close()
                 fault.wait(END_WITHIN_SECONDS / 2)
                 if self.kind == REFUSE and fault.hit_at is not None:
                     # `callgate worker` exits when it cannot reach Postgres at start (not a

@@ -129,3 +129,23 @@ def test_a_job_a_live_worker_holds_is_waiting_and_a_dead_ones_is_lost(
     assert transport.job_states(producer.queue, [live, dead]) == {live: "taken", dead: "absent"}
     assert _sweep(engine, producer).dispatched == [dead]
     assert [r[1] for r in _rows(engine, [live, dead])] == [1, 2]
+
+
+def test_a_job_whose_queue_entry_redis_lost_is_dispatched_again(
+    engine: Engine, producer: Producer
+) -> None:
+    """The job's hash outlived its entry in the queue (a partial loss: an evicted or
+    deleted queue key, one entry removed): nothing would ever take it, so it is lost, not
+    waiting. One of three loses its entry; the other two still wait and are left alone."""
+    lost, *waiting = _reads(producer, 3)
+    conn: redis.Redis = producer.queue.connection
+    assert conn.lrem(producer.queue.key, 0, transport.job_id(lost)) == 1
+    assert conn.exists(Job.redis_job_namespace_prefix + transport.job_id(lost)) == 1
+    assert transport.job_states(producer.queue, [lost, *waiting]) == {
+        lost: "absent",
+        **{w: "queued" for w in waiting},
+    }
+    assert _sweep(engine, producer).dispatched == [lost]
+    assert [r[1] for r in _rows(engine, [lost, *waiting])] == [2, 1, 1]
+    conn.delete(producer.queue.key)  # the whole queue key lost: every call is due again
+    assert sorted(_sweep(engine, producer).dispatched) == sorted([lost, *waiting])
