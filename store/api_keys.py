@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
@@ -27,6 +28,7 @@ from callgate.store import db
 from callgate.store.errors import AccessError, ErrorCode, InputError
 
 KEY_PREFIX = "cgk"
+KEY_ID = re.compile(r"ak[0-9a-f]{16}")  # what ``create`` makes: never a secret
 APPROVER_ROLE = "approver"
 STALE_CLAIM_SECONDS = 60.0
 
@@ -136,14 +138,34 @@ def create(
     return NewKey(key_id=key_id, key=f"{KEY_PREFIX}.{key_id}.{secret}")
 
 
-def revoke(engine: Engine, key_id: str) -> None:
-    """Revoke a key: every request with it is refused from now on."""
+def key_id_of(key_or_id: str) -> str:
+    """The key id of a key id or of a whole key (``cgk.KEY_ID.SECRET``); ``unknown_api_key``
+    for anything else. A message never repeats what it was given: an operator may paste a
+    whole key, or a piece of one, and the error goes to terminals, logs and tickets."""
+    value = key_or_id.strip()
+    if KEY_ID.fullmatch(value):
+        return value
+    parts = value.split(".")
+    if len(parts) == 3 and parts[0] == KEY_PREFIX and KEY_ID.fullmatch(parts[1]) and parts[2]:
+        return parts[1]
+    raise AccessError(
+        "not a key id (ak followed by 16 hex digits) nor a whole key (cgk.KEY_ID.SECRET); "
+        "the value is not repeated here, as it may hold a secret",
+        code=ErrorCode.UNKNOWN_API_KEY,
+    )
+
+
+def revoke(engine: Engine, key_or_id: str) -> str:
+    """Revoke a key, named by its id or given whole: every request with it is refused from
+    now on. Returns the key id."""
+    key_id = key_id_of(key_or_id)
     with db.translate_errors("keys revoke"), db.autocommit(engine) as conn:
-        row = conn.execute(text(REVOKE_SQL), {"key_id": key_id.strip()}).first()
+        row = conn.execute(text(REVOKE_SQL), {"key_id": key_id}).first()
     if row is None:
         raise AccessError(
             f"no key {key_id} that is not already revoked", code=ErrorCode.UNKNOWN_API_KEY
         )
+    return key_id
 
 
 def authenticate(engine: Engine, key: str) -> Principal:

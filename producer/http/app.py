@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from sqlalchemy import Engine
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from callgate.producer import Producer
 from callgate.producer.http import console, problems, routes
@@ -30,6 +31,53 @@ Every request carries `Authorization: Bearer KEY` (`callgate keys create`); its 
 and roles come from the key, never from the body. Errors are RFC 9457 problem details
 (`application/problem+json`) with callgate's stable `code`.
 """
+
+
+# A JSON answer loads nothing and is framed by no one. /docs, when it is on, loads Swagger UI
+# and runs its inline start-up script, so it gets only the framing rule.
+API_CSP = b"default-src 'none'; frame-ancestors 'none'; base-uri 'none'"
+DOCS_CSP = b"frame-ancestors 'none'"
+
+
+class SecurityHeaders:
+    """Headers on every answer, errors included: no MIME sniffing (a JSON body carrying
+    markup is never run as a page), no framing (no clickjacking of the console's buttons),
+    no referrer; and ``no-store`` on ``/v1`` and ``/console``, whose answers are one
+    principal's (a shared cache must not keep them)."""
+
+    def __init__(self, app: ASGIApp, *, docs_path: str | None) -> None:
+        self.app = app
+        self.docs_path = docs_path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        path: str = scope["path"]
+        private = path.startswith("/v1/") or path == "/console" or path.startswith("/console/")
+        docs = self.docs_path is not None and path.startswith(self.docs_path)
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (k, v)
+                    for k, v in message.get("headers", [])
+                    if not (private and k.lower() == b"cache-control")
+                ]
+                names = {k.lower() for k, _ in headers}
+                extra = [
+                    (b"x-content-type-options", b"nosniff"),
+                    (b"x-frame-options", b"DENY"),
+                    (b"referrer-policy", b"no-referrer"),
+                    (b"content-security-policy", DOCS_CSP if docs else API_CSP),
+                ]
+                headers += [(k, v) for k, v in extra if k not in names]
+                if private:
+                    headers.append((b"cache-control", b"no-store"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
 
 
 @dataclass
@@ -83,7 +131,7 @@ def create_app(settings: Settings, api: ApiSettings) -> FastAPI:
         version="1",
         description=DESCRIPTION,
         lifespan=lifespan,
-        docs_url="/docs",
+        docs_url="/docs" if api.docs else None,
         redoc_url=None,
     )
     problems.install(app)
@@ -97,4 +145,11 @@ def create_app(settings: Settings, api: ApiSettings) -> FastAPI:
         return app.openapi_schema
 
     app.openapi = document  # type: ignore[method-assign]
+    # Outside Starlette's ServerErrorMiddleware too, so an unexpected 500 carries them.
+    build_stack = app.build_middleware_stack
+
+    def stack() -> ASGIApp:
+        return SecurityHeaders(build_stack(), docs_path="/docs" if api.docs else None)
+
+    app.build_middleware_stack = stack  # type: ignore[method-assign]
     return app

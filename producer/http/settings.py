@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 from typing import Self
 
 from callgate.store.errors import ConfigurationError
-from callgate.store.settings import MAX_PORT, _float, _int
+from callgate.store.settings import MAX_PORT, _bool, _float, _int
 
 # A request body larger than this is refused before it is parsed (a turn is at most
 # CALLGATE_MAX_TURN_CALLS calls; no real one comes near this).
@@ -26,6 +26,13 @@ class ApiSettings:
     # Signs console session cookies and CSRF tokens; random per process when unset.
     session_secret: bytes = b""
     session_seconds: float = 8 * 3600.0
+    # A connection whose request headers are not whole this many seconds after it opened
+    # (or after its previous answer) is closed: uvicorn itself never times a head out.
+    header_timeout: float = 10.0
+    # An idle keep-alive connection is closed after this many seconds.
+    keep_alive: int = 5
+    # /docs loads Swagger UI from a public CDN on the console's origin: off unless asked.
+    docs: bool = False
 
     @classmethod
     def from_env(cls, env: dict[str, str]) -> Self:
@@ -42,6 +49,9 @@ class ApiSettings:
             max_wait=_float(env, "CALLGATE_API_MAX_WAIT", 30.0, minimum=0),
             session_secret=secret.encode() or secrets.token_bytes(32),
             session_seconds=_float(env, "CALLGATE_API_SESSION_SECONDS", 8 * 3600.0, minimum=60),
+            header_timeout=_float(env, "CALLGATE_API_HEADER_TIMEOUT", 10.0, minimum=0.1),
+            keep_alive=_int(env, "CALLGATE_API_KEEP_ALIVE", 5, minimum=1),
+            docs=bool(_bool(env, "CALLGATE_API_DOCS")),
         )
 
     def with_address(self, host: str | None, port: int | None) -> ApiSettings:
