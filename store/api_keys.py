@@ -23,9 +23,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import ProgrammingError
 
 from callgate.store import db
-from callgate.store.errors import AccessError, ErrorCode, InputError
+from callgate.store.errors import AccessError, ConfigurationError, ErrorCode, InputError
 
 KEY_PREFIX = "cgk"
 KEY_ID = re.compile(r"ak[0-9a-f]{16}")  # what ``create`` makes: never a secret
@@ -43,6 +44,8 @@ SELECT key_id, tenant_id, user_id, roles, secret_hash, rate, burst
   FROM callgate.api_keys
  WHERE key_id = :key_id AND revoked_at IS NULL
 """
+
+ACTIVE_KEYS_SQL = "SELECT count(*) FROM callgate.api_keys WHERE revoked_at IS NULL"
 
 REVOKE_SQL = """
 UPDATE callgate.api_keys SET revoked_at = now()
@@ -261,3 +264,15 @@ def release(engine: Engine, key_id: str, idem: str) -> None:
             ),
             {"key_id": key_id, "idem": idem},
         )
+
+
+def active_keys(engine: Engine) -> int:
+    """Keys not revoked. Refuses (``invalid_configuration``) when the keys' table is missing:
+    a server that authenticates with keys must not start on a database that cannot hold any."""
+    try:
+        with db.translate_errors("api keys"), db.autocommit(engine) as conn:
+            return int(conn.execute(text(ACTIVE_KEYS_SQL)).scalar_one())
+    except ProgrammingError as exc:
+        raise ConfigurationError(
+            "callgate.api_keys is missing: run callgate migrate before serving with API keys"
+        ) from exc
