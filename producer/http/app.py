@@ -9,13 +9,16 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
+import redis.asyncio
 from fastapi import FastAPI
 from sqlalchemy import Engine
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from callgate.producer import Producer
+from callgate.producer.async_producer import AsyncProducer
 from callgate.producer.http import console, problems, routes
-from callgate.producer.http.auth import RateLimiter
+from callgate.producer.http.auth import RateLimiter, WaitSlots
 from callgate.producer.http.settings import ApiSettings
 from callgate.store import transport
 from callgate.store.errors import CallgateError
@@ -80,13 +83,24 @@ class SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
+# Threads for key checks (a Postgres read and a Redis script each), apart from the shared
+# pool the routes run on: a flood of requests waits here, not in front of every route. More
+# than the engine's connections (2 + 4 overflow) would only queue on the pool instead.
+KEY_CHECK_THREADS = 8
+
+
 @dataclass
 class Services:
-    """One producer (its engine and Redis connection are shared by every request), the
-    rate limiter and the API's settings."""
+    """One producer (its engine and Redis connection are shared by every request), its
+    asyncio twin for long-polls (the turn's stream is awaited, no thread is held), the rate
+    limiter, the long-poll slots, the key checks' own threads and the API's settings."""
 
     producer: Producer
+    collector: AsyncProducer
     limiter: RateLimiter
+    waits: WaitSlots
+    key_checks: anyio.CapacityLimiter
+    readiness: anyio.CapacityLimiter
     api: ApiSettings
 
     @property
@@ -116,15 +130,24 @@ def create_app(settings: Settings, api: ApiSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         producer = Producer.from_env(settings)
+        stream_reader = redis.asyncio.Redis.from_url(
+            producer.settings.require_redis(), socket_connect_timeout=5, health_check_interval=30
+        )
+        collector = AsyncProducer(producer, stream_reader)
         app.state.services = Services(
             producer=producer,
+            collector=collector,
             limiter=RateLimiter(producer.redis, settings.queue, api.rate, api.burst),
+            waits=WaitSlots(api.max_waits_per_key),
+            key_checks=anyio.CapacityLimiter(KEY_CHECK_THREADS),
+            # /readyz's checks never queue behind requests: one thread of their own.
+            readiness=anyio.CapacityLimiter(1),
             api=api,
         )
         try:
             yield
         finally:
-            producer.close()
+            await collector.aclose()  # the stream reader, then the producer
 
     app = FastAPI(
         title="callgate",

@@ -135,3 +135,38 @@ def check_csrf(secret: bytes, cookie: str | None, token: str | None) -> None:
         raise AccessError(
             "missing or wrong X-CSRF-Token; reload the console", code=ErrorCode.CSRF_FAILED
         )
+
+
+# --- long-poll slots -----------------------------------------------------------------------
+
+
+class WaitSlots:
+    """How many long-polls each key has waiting in this process, capped per key.
+
+    A wait holds no thread, but it holds a connection, a task and a Redis read for up to
+    ``CALLGATE_API_MAX_WAIT``: without a cap, one key within its rate could open thousands.
+    Counted in the process (the event loop's thread alone touches it), because what a wait
+    costs is this process's: behind a load balancer each process caps its own."""
+
+    def __init__(self, per_key: int) -> None:
+        self.per_key = per_key
+        self._held: dict[str, int] = {}
+
+    def take(self, key_id: str) -> None:
+        """One slot of ``key_id``, or ``too_many_waits``; give it back with ``give``."""
+        held = self._held.get(key_id, 0)
+        if held >= self.per_key:
+            raise AccessError(
+                f"key {key_id} already has {held} waiting long-polls (at most {self.per_key}); "
+                "retry when one ends, or ask with wait=0",
+                code=ErrorCode.TOO_MANY_WAITS,
+                retry_after=1.0,
+            )
+        self._held[key_id] = held + 1
+
+    def give(self, key_id: str) -> None:
+        held = self._held.get(key_id, 0) - 1
+        if held > 0:
+            self._held[key_id] = held
+        else:
+            self._held.pop(key_id, None)

@@ -40,6 +40,7 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.OPERATION_IN_PROGRESS: 409,
     ErrorCode.MISSING_RESULT: 409,
     ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.TOO_MANY_WAITS: 429,
     ErrorCode.EXECUTION_FAILED: 500,
     ErrorCode.INVALID_CONFIGURATION: 500,
     ErrorCode.EMBEDDED_SERVICE_FAILED: 503,

@@ -21,8 +21,11 @@ class ApiSettings:
     # Token bucket per key: ``rate`` requests per second refill, at most ``burst`` at once.
     rate: float = 10.0
     burst: int = 20
-    # Longest ``wait`` of GET /v1/turns/{id}/results (each waiting request holds a thread).
+    # Longest ``wait`` of GET /v1/turns/{id}/results. A wait holds no thread (it awaits the
+    # turn's Redis stream), but it holds a connection and a Redis read: each key may have
+    # at most ``max_waits_per_key`` at once in one process (429 ``too_many_waits`` past it).
     max_wait: float = 30.0
+    max_waits_per_key: int = 10
     # Signs console session cookies and CSRF tokens; random per process when unset.
     session_secret: bytes = b""
     session_seconds: float = 8 * 3600.0
@@ -47,6 +50,7 @@ class ApiSettings:
             rate=_float(env, "CALLGATE_API_RATE", 10.0, minimum=0.001),
             burst=_int(env, "CALLGATE_API_BURST", 20, minimum=1),
             max_wait=_float(env, "CALLGATE_API_MAX_WAIT", 30.0, minimum=0),
+            max_waits_per_key=_int(env, "CALLGATE_API_MAX_WAITS_PER_KEY", 10, minimum=1),
             session_secret=secret.encode() or secrets.token_bytes(32),
             session_seconds=_float(env, "CALLGATE_API_SESSION_SECONDS", 8 * 3600.0, minimum=60),
             header_timeout=_float(env, "CALLGATE_API_HEADER_TIMEOUT", 10.0, minimum=0.1),
