@@ -71,6 +71,7 @@ class ErrorCode(StrEnum):
     ROLE_REQUIRED = "role_required"
     RATE_LIMITED = "rate_limited"
     TOO_MANY_WAITS = "too_many_waits"
+    BODY_TOO_LARGE = "body_too_large"
     CSRF_FAILED = "csrf_failed"
     UNKNOWN_API_KEY = "unknown_api_key"
     UNKNOWN_ROUTE = "unknown_route"

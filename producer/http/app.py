@@ -19,9 +19,9 @@ from callgate.producer import Producer
 from callgate.producer.async_producer import AsyncProducer
 from callgate.producer.http import console, problems, routes
 from callgate.producer.http.auth import RateLimiter, WaitSlots
-from callgate.producer.http.settings import ApiSettings
+from callgate.producer.http.settings import SMALL_BODY_BYTES, ApiSettings
 from callgate.store import transport
-from callgate.store.errors import CallgateError
+from callgate.store.errors import CallgateError, ErrorCode, InputError
 from callgate.store.settings import Settings
 
 log = logging.getLogger("callgate.api")
@@ -87,6 +87,68 @@ class SecurityHeaders:
 # pool the routes run on: a flood of requests waits here, not in front of every route. More
 # than the engine's connections (2 + 4 overflow) would only queue on the pool instead.
 KEY_CHECK_THREADS = 8
+
+
+class BodyLimit:
+    """Every route's body limit, enforced while reading: a Content-Length over it is refused
+    ``413 body_too_large`` before a byte of the body is read, and a chunked body is counted
+    as it arrives and refused the moment it passes the limit. The app never buffers or
+    parses more than the limit, whichever route, key or no key.
+
+    ``POST /v1/turns`` may carry ``submit_limit`` bytes (CALLGATE_API_MAX_BODY_BYTES); every
+    other route ``SMALL_BODY_BYTES`` (a console sign-in is one key; the rest take none), so
+    no body JSON that FastAPI parses on the event loop is ever large."""
+
+    def __init__(self, app: ASGIApp, *, submit_limit: int) -> None:
+        self.app = app
+        self.submit_limit = submit_limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        submit = scope["path"] == "/v1/turns" and scope["method"] == "POST"
+        limit = self.submit_limit if submit else SMALL_BODY_BYTES
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and int(declared) > limit:  # h11 let only digits through
+            await _too_large(limit)(scope, receive, send)
+            return
+        received = 0
+        started = refused = False
+
+        async def counting_receive() -> Message:
+            nonlocal received, refused
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > limit:
+                    if not started:
+                        refused = True
+                        await _too_large(limit)(scope, receive, send)
+                    # Stops the route reading; whatever it answers to this is not sent.
+                    raise InputError(
+                        f"the body is larger than {limit} bytes", code=ErrorCode.BODY_TOO_LARGE
+                    )
+            return message
+
+        async def answering_send(message: Message) -> None:
+            nonlocal started
+            if refused:
+                return
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        await self.app(scope, counting_receive, answering_send)
+
+
+def _too_large(limit: int) -> ASGIApp:
+    # Connection: close, so the server stops reading the rest of the body and hangs up.
+    return problems.problem(
+        ErrorCode.BODY_TOO_LARGE,
+        f"the body is larger than this route's {limit} bytes",
+        headers={"Connection": "close"},
+    )
 
 
 @dataclass
@@ -172,7 +234,8 @@ def create_app(settings: Settings, api: ApiSettings) -> FastAPI:
     build_stack = app.build_middleware_stack
 
     def stack() -> ASGIApp:
-        return SecurityHeaders(build_stack(), docs_path="/docs" if api.docs else None)
+        limited = BodyLimit(build_stack(), submit_limit=api.max_body)
+        return SecurityHeaders(limited, docs_path="/docs" if api.docs else None)
 
     app.build_middleware_stack = stack  # type: ignore[method-assign]
     return app

@@ -10,8 +10,11 @@ from callgate.store.errors import ConfigurationError
 from callgate.store.settings import MAX_PORT, _bool, _float, _int
 
 # A request body larger than this is refused before it is parsed (a turn is at most
-# CALLGATE_MAX_TURN_CALLS calls; no real one comes near this).
+# CALLGATE_MAX_TURN_CALLS calls; no real one comes near this). CALLGATE_API_MAX_BODY_BYTES
+# may lower it.
 MAX_BODY_BYTES = 16 * 1024 * 1024
+# Every other route's body: a sign-in is one key, the rest take none.
+SMALL_BODY_BYTES = 64 * 1024
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ class ApiSettings:
     # at most ``max_waits_per_key`` at once in one process (429 ``too_many_waits`` past it).
     max_wait: float = 30.0
     max_waits_per_key: int = 10
+    # The largest body of POST /v1/turns (every other route: SMALL_BODY_BYTES).
+    max_body: int = MAX_BODY_BYTES
     # Signs console session cookies and CSRF tokens; random per process when unset.
     session_secret: bytes = b""
     session_seconds: float = 8 * 3600.0
@@ -51,6 +56,13 @@ class ApiSettings:
             burst=_int(env, "CALLGATE_API_BURST", 20, minimum=1),
             max_wait=_float(env, "CALLGATE_API_MAX_WAIT", 30.0, minimum=0),
             max_waits_per_key=_int(env, "CALLGATE_API_MAX_WAITS_PER_KEY", 10, minimum=1),
+            max_body=_int(
+                env,
+                "CALLGATE_API_MAX_BODY_BYTES",
+                MAX_BODY_BYTES,
+                minimum=SMALL_BODY_BYTES,
+                maximum=MAX_BODY_BYTES,
+            ),
             session_secret=secret.encode() or secrets.token_bytes(32),
             session_seconds=_float(env, "CALLGATE_API_SESSION_SECONDS", 8 * 3600.0, minimum=60),
             header_timeout=_float(env, "CALLGATE_API_HEADER_TIMEOUT", 10.0, minimum=0.1),

@@ -5,11 +5,16 @@
   ``/readyz``: the waits hold no thread, so tenant-b is answered at once (p95 printed;
   asserted under a bound loose enough for a loaded 2-core machine), and a 46th wait of the
   key, past ``CALLGATE_API_MAX_WAITS_PER_KEY``, is refused ``429 too_many_waits``.
+- A 256 MiB body, without a key, to ``POST /console/session``: refused ``413
+  body_too_large`` from its Content-Length before it is read, or counted while it streams
+  when it is chunked; the API's RSS (and its peak, VmHWM) grows by less than 50 MiB.
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
+import socket
 import statistics
 import threading
 import time
@@ -127,3 +132,103 @@ def test_one_keys_long_polls_stall_no_other_tenant(
 
     thread.join(90)
     assert outcomes == [200] * WAITS, outcomes
+
+
+HUGE = 256 * 1024 * 1024
+SUBMIT_LIMIT = 1024 * 1024
+CHUNK = b" " * (1024 * 1024)
+
+
+def _memory(pid: int) -> dict[str, int]:
+    """VmRSS and VmHWM (the peak RSS) of ``pid``, in KiB."""
+    with open(f"/proc/{pid}/status") as status:
+        fields = dict(line.split(":", 1) for line in status if line.startswith("Vm"))
+    return {name: int(fields[name].split()[0]) for name in ("VmRSS", "VmHWM")}
+
+
+def _whole(answer: bytes) -> bool:
+    head, sep, body = answer.partition(b"\r\n\r\n")
+    if not sep:
+        return False
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return len(body) >= int(value)
+    return False
+
+
+def _post_huge(server: ApiServer, path: str, *, chunked: bool) -> tuple[bytes, int]:
+    """POST ``HUGE`` bytes of JSON whitespace to ``path``, streamed 1 MiB at a time (never
+    built in memory), stopping as soon as the server answers or hangs up. Returns the
+    answer's bytes and how many body bytes were sent."""
+    framing = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {HUGE}"
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"{framing}\r\n\r\n"
+    )
+    answer = b""
+    sent = 0
+    with socket.create_connection(("127.0.0.1", server.port), timeout=60) as sock:
+        sock.sendall(head.encode())
+        piece = f"{len(CHUNK):x}\r\n".encode() + CHUNK + b"\r\n" if chunked else CHUNK
+        try:
+            while sent < HUGE:
+                readable, _, _ = select.select([sock], [], [], 0)
+                if readable:
+                    break  # answered (or closed) before the body was whole
+                sock.sendall(piece)
+                sent += len(CHUNK)
+            if chunked and sent >= HUGE:
+                sock.sendall(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the server hung up on the rest: what a refusal may do
+        sock.settimeout(60)
+        try:
+            while not _whole(answer):
+                data = sock.recv(65536)
+                if not data:
+                    break
+                answer += data
+        except (ConnectionResetError, TimeoutError):
+            pass
+    return answer, sent
+
+
+def test_a_huge_body_is_refused_before_it_is_read(
+    api: Callable[[dict[str, str]], ApiServer], env: dict[str, str]
+) -> None:
+    server = api({**env, "CALLGATE_API_MAX_BODY_BYTES": str(SUBMIT_LIMIT)})
+    approver = make_key(env, "tenant-a", "user-5", "approver")["key"]
+    with server.client() as http:  # warm: the sign-in path has run once
+        assert http.post("/console/session", json={"key": approver}).status_code == 200
+    before = _memory(server.proc.pid)
+
+    for chunked in (False, True):
+        answer, sent = _post_huge(server, "/console/session", chunked=chunked)
+        after = _memory(server.proc.pid)
+        grew = {name: (after[name] - before[name]) / 1024 for name in after}
+        status_line = answer.split(b"\r\n", 1)[0]
+        print(
+            f"\n256 MiB {'chunked' if chunked else 'Content-Length'} body: answer "
+            f"{status_line!r} after {sent / 2**20:.0f} MiB sent; "
+            f"RSS grew {grew['VmRSS']:.1f} MiB, peak {grew['VmHWM']:.1f} MiB"
+        )
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:300]
+        assert b"application/problem+json" in answer and b"body_too_large" in answer
+        assert grew["VmRSS"] < 50 and grew["VmHWM"] < 50, grew
+        assert sent < HUGE, "the whole body was read before the refusal"
+
+    with server.client() as http:  # a sign-in of honest size still works
+        assert http.post("/console/session", json={"key": approver}).status_code == 200
+
+    # POST /v1/turns takes CALLGATE_API_MAX_BODY_BYTES; a turn one byte over is refused.
+    support = make_key(env, "tenant-a", "user-17", "support")["key"]
+    with server.client(support) as http:
+        turn = [{"call_id": "c1", "tool_name": "get_weather", "arguments": {"city": "Seoul"}}]
+        assert http.post("/v1/turns", json=turn).status_code == 200
+        over = http.post("/v1/turns", content=b"[" + b" " * SUBMIT_LIMIT + b"]")
+        assert over.status_code == 413, over.text
+        assert over.json()["code"] == "body_too_large"
+        # Any other route takes 64 KiB at most, with a key or without.
+        over = http.post("/v1/approvals/x/approve", content=b" " * (64 * 1024 + 1))
+        assert (over.status_code, over.json()["code"]) == (413, "body_too_large")
