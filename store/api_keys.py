@@ -189,12 +189,50 @@ def authenticate(engine: Engine, key: str) -> Principal:
     )
 
 
-def principal_of(engine: Engine, key_id: str) -> Principal:
-    """The principal of a key id that is not revoked (a console session holds the id only)."""
-    with db.translate_errors("authenticate"), db.autocommit(engine) as conn:
-        row = conn.execute(text(AUTHENTICATE_SQL), {"key_id": key_id}).first()
+# --- console sessions ------------------------------------------------------------------------
+
+# One session per key: a sign-in replaces the key's session (the primary key is the key id),
+# so an earlier session, or a cookie copied from it, stops working.
+OPEN_SESSION_SQL = """
+INSERT INTO callgate.console_sessions (key_id, session_hash, expires_at)
+VALUES (:key_id, :session_hash, now() + make_interval(secs => :lifetime))
+ON CONFLICT (key_id) DO UPDATE
+   SET session_hash = EXCLUDED.session_hash, created_at = now(), expires_at = EXCLUDED.expires_at
+"""
+
+# The principal of a live session: the session's row exists and has not expired, and its
+# key is not revoked. Signing out deleted the row; revoking the key ends it too.
+SESSION_PRINCIPAL_SQL = """
+SELECT k.key_id, k.tenant_id, k.user_id, k.roles, k.rate, k.burst
+  FROM callgate.console_sessions s
+  JOIN callgate.api_keys k USING (key_id)
+ WHERE s.key_id = :key_id AND s.session_hash = :session_hash
+   AND s.expires_at > now() AND k.revoked_at IS NULL
+"""
+
+END_SESSION_SQL = """
+DELETE FROM callgate.console_sessions WHERE key_id = :key_id AND session_hash = :session_hash
+"""
+
+
+def open_session(engine: Engine, key_id: str, nonce: str, lifetime: float) -> None:
+    """Record the key's console session (ending its earlier one), for ``lifetime`` seconds."""
+    with db.translate_errors("console session"), db.autocommit(engine) as conn:
+        conn.execute(
+            text(OPEN_SESSION_SQL),
+            {"key_id": key_id, "session_hash": _hash(nonce), "lifetime": lifetime},
+        )
+
+
+def session_principal(engine: Engine, key_id: str, nonce: str) -> Principal:
+    """The principal of a live console session; ``unauthenticated`` once it was signed out,
+    replaced by a newer sign-in, expired, or its key revoked."""
+    with db.translate_errors("console session"), db.autocommit(engine) as conn:
+        row = conn.execute(
+            text(SESSION_PRINCIPAL_SQL), {"key_id": key_id, "session_hash": _hash(nonce)}
+        ).first()
     if row is None:
-        raise AccessError("the session's key is unknown or revoked; sign in again")
+        raise AccessError("the session has ended (signed out, or signed in again); sign in")
     return Principal(
         key_id=row.key_id,
         tenant_id=row.tenant_id,
@@ -203,6 +241,13 @@ def principal_of(engine: Engine, key_id: str) -> Principal:
         rate=row.rate,
         burst=row.burst,
     )
+
+
+def end_session(engine: Engine, key_id: str, nonce: str) -> None:
+    """Sign out: the session's row is deleted, so its cookie, wherever it was copied, is
+    refused from the next request on."""
+    with db.translate_errors("console session"), db.autocommit(engine) as conn:
+        conn.execute(text(END_SESSION_SQL), {"key_id": key_id, "session_hash": _hash(nonce)})
 
 
 # --- idempotent submissions ------------------------------------------------------------------

@@ -8,6 +8,9 @@
 - A 256 MiB body, without a key, to ``POST /console/session``: refused ``413
   body_too_large`` from its Content-Length before it is read, or counted while it streams
   when it is chunked; the API's RSS (and its peak, VmHWM) grows by less than 50 MiB.
+- Signing out of the console ends the session on the server: the same cookie value, copied
+  and sent again, is 401 (it reads nothing and decides nothing). A second sign-in with the
+  same key ends the first session; revoking the key ends its session.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from typing import Any
 import httpx
 
 from tests.acceptance.api_server import ApiServer, api, engine, env, make_key, running
-from tests.acceptance.conftest import REFUND_O17
+from tests.acceptance.conftest import REFUND_O17, callgate
 
 __all__ = ["api", "engine", "env", "running"]  # fixtures, for pytest
 
@@ -232,3 +235,57 @@ def test_a_huge_body_is_refused_before_it_is_read(
         # Any other route takes 64 KiB at most, with a key or without.
         over = http.post("/v1/approvals/x/approve", content=b" " * (64 * 1024 + 1))
         assert (over.status_code, over.json()["code"]) == (413, "body_too_large")
+
+
+def _sign_in(server: ApiServer, key: str) -> tuple[str, str]:
+    """The session cookie's value and CSRF token of a console sign-in."""
+    with server.client() as http:
+        resp = http.post("/console/session", json={"key": key})
+        assert resp.status_code == 200, resp.text
+        return str(resp.cookies["callgate_session"]), str(resp.json()["csrf_token"])
+
+
+def _as(server: ApiServer, cookie: str) -> httpx.Client:
+    """A client that sends ``cookie`` as it was copied, whatever the server says after."""
+    client = server.client()
+    client.headers["Cookie"] = f"callgate_session={cookie}"
+    return client
+
+
+def test_signing_out_ends_the_console_session(running: ApiServer, env: dict[str, str]) -> None:
+    server = running
+    requester = make_key(env, "tenant-a", "user-17", "support")["key"]
+    approver = make_key(env, "tenant-a", "user-5", "approver")["key"]
+    _parked_turn(server, requester)
+    with server.client(approver) as http:
+        (pending,) = http.get("/v1/approvals").json()
+    approval_id = pending["approval_id"]
+
+    cookie, csrf = _sign_in(server, approver)
+    with _as(server, cookie) as copied:
+        assert copied.get("/console/session").status_code == 200
+        assert copied.get("/console/approvals").status_code == 200
+        out = copied.delete("/console/session", headers={"X-CSRF-Token": csrf})
+        assert out.status_code == 204, out.text
+        # The same cookie value, sent again after sign-out: the session is over.
+        for resp in (
+            copied.get("/console/session"),
+            copied.get("/console/approvals"),
+            copied.post(
+                f"/console/approvals/{approval_id}/approve", headers={"X-CSRF-Token": csrf}
+            ),
+        ):
+            assert resp.status_code == 401, resp.text
+            assert resp.json()["code"] == "unauthenticated"
+    with server.client(approver) as http:  # the copied cookie decided nothing
+        assert http.get(f"/v1/approvals/{approval_id}").json()["state"] == "pending"
+
+    # One session per key: a second sign-in ends the first (documented in docs/api.md).
+    first, _ = _sign_in(server, approver)
+    second, _ = _sign_in(server, approver)
+    with _as(server, first) as old, _as(server, second) as new:
+        assert old.get("/console/session").status_code == 401
+        assert new.get("/console/session").status_code == 200
+        # Revoking the key ends its session too.
+        assert callgate("keys", "revoke", approver, env=env).returncode == 0
+        assert new.get("/console/session").status_code == 401
