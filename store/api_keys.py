@@ -31,6 +31,9 @@ from callgate.store.errors import AccessError, ConfigurationError, ErrorCode, In
 KEY_PREFIX = "cgk"
 KEY_ID = re.compile(r"ak[0-9a-f]{16}")  # what ``create`` makes: never a secret
 APPROVER_ROLE = "approver"
+# Reads every trace of its tenant (an auditor decides nothing); approvers do too, since they
+# judge requests of the whole tenant. Every other key reads only its own user's traces.
+AUDITOR_ROLE = "auditor"
 STALE_CLAIM_SECONDS = 60.0
 
 CREATE_SQL = """
@@ -85,6 +88,10 @@ class Principal:
     @property
     def approver(self) -> bool:
         return APPROVER_ROLE in self.roles
+
+    @property
+    def reads_tenant_traces(self) -> bool:
+        return self.approver or AUDITOR_ROLE in self.roles
 
 
 @dataclass(frozen=True)

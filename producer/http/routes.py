@@ -373,9 +373,11 @@ def call_trace(
     request: Request, who: Who, call: Annotated[str, Path(max_length=200)]
 ) -> list[dict[str, Any]]:
     """`callgate trace --json` for a call ref, a provider call id or a turn id of the key's
-    tenant: every layer's verdict, never arguments, results or owner tokens."""
+    own user (of its whole tenant with the `approver` or `auditor` role; another's answers
+    like a missing one): every layer's verdict, never arguments, results or owner tokens."""
+    user = None if who.reads_tenant_traces else who.user_id
     with db.translate_errors("trace"):
-        events = trace.events(services(request).engine, call, tenant=who.tenant_id)
+        events = trace.events(services(request).engine, call, tenant=who.tenant_id, user=user)
     return intake.redacted_trace(events)
 
 

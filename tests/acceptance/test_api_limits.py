@@ -11,6 +11,9 @@
 - Signing out of the console ends the session on the server: the same cookie value, copied
   and sent again, is 401 (it reads nothing and decides nothing). A second sign-in with the
   same key ends the first session; revoking the key ends its session.
+- A trace is scoped as results are: another user of the tenant (support) gets 404 for the
+  trace of a call or turn that is not theirs, by call id or turn id; a key with the
+  ``approver`` or ``auditor`` role reads its tenant's traces; another tenant reads nothing.
 """
 
 from __future__ import annotations
@@ -289,3 +292,38 @@ def test_signing_out_ends_the_console_session(running: ApiServer, env: dict[str,
         # Revoking the key ends its session too.
         assert callgate("keys", "revoke", approver, env=env).returncode == 0
         assert new.get("/console/session").status_code == 401
+
+
+def test_traces_are_scoped_like_results(running: ApiServer, env: dict[str, str]) -> None:
+    server = running
+    owner = make_key(env, "tenant-a", "user-17", "support")["key"]
+    colleague = make_key(env, "tenant-a", "user-6", "support")["key"]
+    approver = make_key(env, "tenant-a", "user-5", "approver")["key"]
+    auditor = make_key(env, "tenant-a", "user-9", "auditor")["key"]
+    outsider = make_key(env, "tenant-b", "user-42", "auditor", "approver")["key"]
+    proposals = [{"call_id": "refund-1", "tool_name": "refund_payment", "arguments": REFUND_O17}]
+    with server.client(owner) as http:
+        turn = http.post("/v1/turns", json=proposals)
+        assert turn.status_code == 200, turn.text
+    turn_id = turn.json()["turn_id"]
+    refs = ["refund-1", turn_id]
+
+    with server.client(owner) as http:  # the owner reads its own call's trace
+        for ref in refs:
+            resp = http.get(f"/v1/calls/{ref}/trace")
+            assert resp.status_code == 200, resp.text
+            assert resp.json(), ref
+    for key, who in ((colleague, "another user of the tenant"), (outsider, "another tenant")):
+        with server.client(key) as http:
+            assert http.get(f"/v1/turns/{turn_id}/results").status_code == 404
+            for ref in refs:
+                resp = http.get(f"/v1/calls/{ref}/trace")
+                assert resp.status_code == 404, f"{who} read the trace of {ref}: {resp.text}"
+                assert resp.json()["code"] == "unknown_turn"
+                assert "refund" not in resp.json()["detail"].replace(ref, "")
+    for key in (approver, auditor):  # the documented tenant-wide readers
+        with server.client(key) as http:
+            for ref in refs:
+                resp = http.get(f"/v1/calls/{ref}/trace")
+                assert resp.status_code == 200, resp.text
+                assert {e["call_id"] for e in resp.json()} <= {"refund-1", None}
