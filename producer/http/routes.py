@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
@@ -12,7 +13,7 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import text
 
@@ -218,6 +219,29 @@ def _own_turn(s: Any, who: Principal, turn_id: str) -> None:
         raise UnknownTurn(f"no turn {turn_id}")
 
 
+async def _collect_unless_gone(request: Request, s: Any, turn_id: str, wait: float) -> Any:
+    """``collect`` for up to ``wait`` seconds, ended early (None) if the client hangs up: a
+    wait nobody will read gives its slot (and its Redis read) back at once."""
+
+    async def hung_up() -> None:
+        # The request has no body: the next message is the disconnect, when it comes.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    collecting = asyncio.ensure_future(s.collector.collect(turn_id, wait))
+    watching = asyncio.ensure_future(hung_up())
+    try:
+        await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (watching, collecting):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(watching, collecting, return_exceptions=True)
+    if collecting.cancelled():
+        return None  # the client is gone
+    return collecting.result()
+
+
 @router.get(
     "/v1/turns/{turn_id}/results",
     response_model=models.Collected | list[dict[str, Any]] | dict[str, Any],
@@ -244,11 +268,14 @@ async def turn_results(
     # long-polls never starve other requests of the pool; its slot bounds what it does hold.
     if wait > 0:
         s.waits.take(who.key_id)
-    try:
-        collected = await s.collector.collect(turn_id, wait)
-    finally:
-        if wait > 0:
+        try:
+            collected = await _collect_unless_gone(request, s, turn_id, wait)
+        finally:
             s.waits.give(who.key_id)
+        if collected is None:
+            return Response(status_code=204)  # to a closed connection: nobody reads it
+    else:
+        collected = await s.collector.collect(turn_id, 0)
     if provider:
         return JSONResponse(collected.provider_message(provider))
     return JSONResponse(collected.as_json())

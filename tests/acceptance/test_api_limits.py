@@ -4,7 +4,8 @@
   while tenant-b reads ``/v1/tools``, ``/v1/approvals``, ``/console``, ``/healthz`` and
   ``/readyz``: the waits hold no thread, so tenant-b is answered at once (p95 printed;
   asserted under a bound loose enough for a loaded 2-core machine), and a 46th wait of the
-  key, past ``CALLGATE_API_MAX_WAITS_PER_KEY``, is refused ``429 too_many_waits``.
+  key, past ``CALLGATE_API_MAX_WAITS_PER_KEY``, is refused ``429 too_many_waits``. A wait
+  whose client hangs up ends there and gives its slot back.
 - A 256 MiB body, without a key, to ``POST /console/session``: refused ``413
   body_too_large`` from its Content-Length before it is read, or counted while it streams
   when it is chunked; the API's RSS (and its peak, VmHWM) grows by less than 50 MiB.
@@ -327,3 +328,38 @@ def test_traces_are_scoped_like_results(running: ApiServer, env: dict[str, str])
                 resp = http.get(f"/v1/calls/{ref}/trace")
                 assert resp.status_code == 200, resp.text
                 assert {e["call_id"] for e in resp.json()} <= {"refund-1", None}
+
+
+def test_a_wait_whose_client_hung_up_gives_its_slot_back(
+    running: ApiServer, env: dict[str, str], api: Callable[[dict[str, str]], ApiServer]
+) -> None:
+    server = api({**env, "CALLGATE_API_MAX_WAITS_PER_KEY": "2"})
+    key = make_key(env, "tenant-a", "user-17", "support", rate=100, burst=200)["key"]
+    turn_id = _parked_turn(server, key)
+    request = (
+        f"GET /v1/turns/{turn_id}/results?wait=30 HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {key}\r\n\r\n"
+    ).encode()
+    waiting = [socket.create_connection(("127.0.0.1", server.port), timeout=10) for _ in range(2)]
+    for sock in waiting:
+        sock.sendall(request)
+    with server.client(key) as http:
+        deadline = time.monotonic() + 20
+        while http.get(f"/v1/turns/{turn_id}/results", params={"wait": 0.1}).status_code != 429:
+            assert time.monotonic() < deadline, "the two waits never took the key's slots"
+            time.sleep(0.1)
+        for sock in waiting:  # both clients hang up, long before their waits would end
+            sock.close()
+        hung_up = time.monotonic()
+        while True:
+            resp = http.get(f"/v1/turns/{turn_id}/results", params={"wait": 0.1})
+            if resp.status_code == 200:
+                break
+            assert resp.status_code == 429, resp.text
+            assert time.monotonic() - hung_up < 15, "the hung-up waits kept their slots"
+            time.sleep(0.2)
+    server.stop()
+    assert server.proc.stderr is not None
+    log = server.proc.stderr.read().decode()
+    # Its log is JSON lines: no error and no traceback (a hang-up is not a fault).
+    assert "Traceback" not in log and '"level": "error"' not in log, log
