@@ -25,16 +25,17 @@ from callgate.store.settings import Settings
     help="Port to listen on (env CALLGATE_API_PORT, default 8000).",
 )
 def api_cmd(host: str | None, port: int | None) -> None:
-    """Serve the HTTP API (/v1, OpenAPI at /openapi.json, docs at /docs) and the approval
-    console (/console).
+    """Serve the HTTP API (/v1, OpenAPI at /openapi.json; Swagger UI at /docs only with
+    CALLGATE_API_DOCS=on) and the approval console (/console).
 
     Every request needs an API key (callgate keys create); its principal comes from the key.
     Needs CALLGATE_DATABASE_URL, CALLGATE_REDIS_URL and CALLGATE_TOOLS; rate limits per key
     from CALLGATE_API_RATE and CALLGATE_API_BURST. See docs/api.md.
     """
     try:
-        import uvicorn
+        import uvicorn  # noqa: F401
 
+        from callgate.ops import http_server
         from callgate.producer.http.app import create_app
         from callgate.producer.http.settings import ApiSettings
     except ImportError as exc:
@@ -48,16 +49,12 @@ def api_cmd(host: str | None, port: int | None) -> None:
     settings.require_database()
     settings.require_redis()
     api = ApiSettings.from_env(dict(os.environ)).with_address(host, port)
-    uvicorn.run(
+    http_server.run(
         create_app(settings, api),
         host=api.host,
         port=api.port,
-        log_level="warning",
-        access_log=False,
-        # The console's cookie is Secure when the request is HTTPS; behind a proxy that
-        # terminates TLS, uvicorn takes the scheme from X-Forwarded-Proto of trusted proxies
-        # (FORWARDED_ALLOW_IPS, default 127.0.0.1).
-        proxy_headers=True,
+        header_timeout=api.header_timeout,
+        keep_alive=api.keep_alive,
     )
 
 
@@ -115,12 +112,13 @@ def keys_create_cmd(
 
 
 @keys_group.command("revoke")
-@click.argument("key_id")
-def keys_revoke_cmd(key_id: str) -> None:
-    """Revoke a key: every request with it is refused from now on."""
+@click.argument("key")
+def keys_revoke_cmd(key: str) -> None:
+    """Revoke a key, named by its id (ak…) or given whole (cgk.ID.SECRET): every request
+    with it is refused from now on. Only the id is ever printed."""
     engine = db.create(Settings.from_env().require_database())
     try:
-        api_keys.revoke(engine, key_id)
+        key_id = api_keys.revoke(engine, key)
     finally:
         engine.dispose()
     click.echo(f"revoked {key_id}")

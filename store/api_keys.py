@@ -17,17 +17,23 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import ProgrammingError
 
 from callgate.store import db
-from callgate.store.errors import AccessError, ErrorCode, InputError
+from callgate.store.errors import AccessError, ConfigurationError, ErrorCode, InputError
 
 KEY_PREFIX = "cgk"
+KEY_ID = re.compile(r"ak[0-9a-f]{16}")  # what ``create`` makes: never a secret
 APPROVER_ROLE = "approver"
+# Reads every trace of its tenant (an auditor decides nothing); approvers do too, since they
+# judge requests of the whole tenant. Every other key reads only its own user's traces.
+AUDITOR_ROLE = "auditor"
 STALE_CLAIM_SECONDS = 60.0
 
 CREATE_SQL = """
@@ -41,6 +47,8 @@ SELECT key_id, tenant_id, user_id, roles, secret_hash, rate, burst
   FROM callgate.api_keys
  WHERE key_id = :key_id AND revoked_at IS NULL
 """
+
+ACTIVE_KEYS_SQL = "SELECT count(*) FROM callgate.api_keys WHERE revoked_at IS NULL"
 
 REVOKE_SQL = """
 UPDATE callgate.api_keys SET revoked_at = now()
@@ -80,6 +88,10 @@ class Principal:
     @property
     def approver(self) -> bool:
         return APPROVER_ROLE in self.roles
+
+    @property
+    def reads_tenant_traces(self) -> bool:
+        return self.approver or AUDITOR_ROLE in self.roles
 
 
 @dataclass(frozen=True)
@@ -136,14 +148,34 @@ def create(
     return NewKey(key_id=key_id, key=f"{KEY_PREFIX}.{key_id}.{secret}")
 
 
-def revoke(engine: Engine, key_id: str) -> None:
-    """Revoke a key: every request with it is refused from now on."""
+def key_id_of(key_or_id: str) -> str:
+    """The key id of a key id or of a whole key (``cgk.KEY_ID.SECRET``); ``unknown_api_key``
+    for anything else. A message never repeats what it was given: an operator may paste a
+    whole key, or a piece of one, and the error goes to terminals, logs and tickets."""
+    value = key_or_id.strip()
+    if KEY_ID.fullmatch(value):
+        return value
+    parts = value.split(".")
+    if len(parts) == 3 and parts[0] == KEY_PREFIX and KEY_ID.fullmatch(parts[1]) and parts[2]:
+        return parts[1]
+    raise AccessError(
+        "not a key id (ak followed by 16 hex digits) nor a whole key (cgk.KEY_ID.SECRET); "
+        "the value is not repeated here, as it may hold a secret",
+        code=ErrorCode.UNKNOWN_API_KEY,
+    )
+
+
+def revoke(engine: Engine, key_or_id: str) -> str:
+    """Revoke a key, named by its id or given whole: every request with it is refused from
+    now on. Returns the key id."""
+    key_id = key_id_of(key_or_id)
     with db.translate_errors("keys revoke"), db.autocommit(engine) as conn:
-        row = conn.execute(text(REVOKE_SQL), {"key_id": key_id.strip()}).first()
+        row = conn.execute(text(REVOKE_SQL), {"key_id": key_id}).first()
     if row is None:
         raise AccessError(
             f"no key {key_id} that is not already revoked", code=ErrorCode.UNKNOWN_API_KEY
         )
+    return key_id
 
 
 def authenticate(engine: Engine, key: str) -> Principal:
@@ -164,12 +196,50 @@ def authenticate(engine: Engine, key: str) -> Principal:
     )
 
 
-def principal_of(engine: Engine, key_id: str) -> Principal:
-    """The principal of a key id that is not revoked (a console session holds the id only)."""
-    with db.translate_errors("authenticate"), db.autocommit(engine) as conn:
-        row = conn.execute(text(AUTHENTICATE_SQL), {"key_id": key_id}).first()
+# --- console sessions ------------------------------------------------------------------------
+
+# One session per key: a sign-in replaces the key's session (the primary key is the key id),
+# so an earlier session, or a cookie copied from it, stops working.
+OPEN_SESSION_SQL = """
+INSERT INTO callgate.console_sessions (key_id, session_hash, expires_at)
+VALUES (:key_id, :session_hash, now() + make_interval(secs => :lifetime))
+ON CONFLICT (key_id) DO UPDATE
+   SET session_hash = EXCLUDED.session_hash, created_at = now(), expires_at = EXCLUDED.expires_at
+"""
+
+# The principal of a live session: the session's row exists and has not expired, and its
+# key is not revoked. Signing out deleted the row; revoking the key ends it too.
+SESSION_PRINCIPAL_SQL = """
+SELECT k.key_id, k.tenant_id, k.user_id, k.roles, k.rate, k.burst
+  FROM callgate.console_sessions s
+  JOIN callgate.api_keys k USING (key_id)
+ WHERE s.key_id = :key_id AND s.session_hash = :session_hash
+   AND s.expires_at > now() AND k.revoked_at IS NULL
+"""
+
+END_SESSION_SQL = """
+DELETE FROM callgate.console_sessions WHERE key_id = :key_id AND session_hash = :session_hash
+"""
+
+
+def open_session(engine: Engine, key_id: str, nonce: str, lifetime: float) -> None:
+    """Record the key's console session (ending its earlier one), for ``lifetime`` seconds."""
+    with db.translate_errors("console session"), db.autocommit(engine) as conn:
+        conn.execute(
+            text(OPEN_SESSION_SQL),
+            {"key_id": key_id, "session_hash": _hash(nonce), "lifetime": lifetime},
+        )
+
+
+def session_principal(engine: Engine, key_id: str, nonce: str) -> Principal:
+    """The principal of a live console session; ``unauthenticated`` once it was signed out,
+    replaced by a newer sign-in, expired, or its key revoked."""
+    with db.translate_errors("console session"), db.autocommit(engine) as conn:
+        row = conn.execute(
+            text(SESSION_PRINCIPAL_SQL), {"key_id": key_id, "session_hash": _hash(nonce)}
+        ).first()
     if row is None:
-        raise AccessError("the session's key is unknown or revoked; sign in again")
+        raise AccessError("the session has ended (signed out, or signed in again); sign in")
     return Principal(
         key_id=row.key_id,
         tenant_id=row.tenant_id,
@@ -178,6 +248,13 @@ def principal_of(engine: Engine, key_id: str) -> Principal:
         rate=row.rate,
         burst=row.burst,
     )
+
+
+def end_session(engine: Engine, key_id: str, nonce: str) -> None:
+    """Sign out: the session's row is deleted, so its cookie, wherever it was copied, is
+    refused from the next request on."""
+    with db.translate_errors("console session"), db.autocommit(engine) as conn:
+        conn.execute(text(END_SESSION_SQL), {"key_id": key_id, "session_hash": _hash(nonce)})
 
 
 # --- idempotent submissions ------------------------------------------------------------------
@@ -239,3 +316,15 @@ def release(engine: Engine, key_id: str, idem: str) -> None:
             ),
             {"key_id": key_id, "idem": idem},
         )
+
+
+def active_keys(engine: Engine) -> int:
+    """Keys not revoked. Refuses (``invalid_configuration``) when the keys' table is missing:
+    a server that authenticates with keys must not start on a database that cannot hold any."""
+    try:
+        with db.translate_errors("api keys"), db.autocommit(engine) as conn:
+            return int(conn.execute(text(ACTIVE_KEYS_SQL)).scalar_one())
+    except ProgrammingError as exc:
+        raise ConfigurationError(
+            "callgate.api_keys is missing: run callgate migrate before serving with API keys"
+        ) from exc

@@ -70,6 +70,8 @@ class ErrorCode(StrEnum):
     UNAUTHENTICATED = "unauthenticated"
     ROLE_REQUIRED = "role_required"
     RATE_LIMITED = "rate_limited"
+    TOO_MANY_WAITS = "too_many_waits"
+    BODY_TOO_LARGE = "body_too_large"
     CSRF_FAILED = "csrf_failed"
     UNKNOWN_API_KEY = "unknown_api_key"
     UNKNOWN_ROUTE = "unknown_route"
@@ -87,6 +89,7 @@ RETRYABLE_CODES = frozenset(
         ErrorCode.DATABASE_UNAVAILABLE,
         ErrorCode.REDIS_UNAVAILABLE,
         ErrorCode.RATE_LIMITED,
+        ErrorCode.TOO_MANY_WAITS,
     }
 )
 

@@ -257,3 +257,15 @@ api_idempotency = Table(
     Column("response", JSONB),
     Column("claimed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
 )
+
+# The console's sessions: one per key (a new sign-in replaces it, signing out deletes it),
+# so a copied cookie stops working on sign-out. Only the SHA-256 of the cookie's nonce.
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    Column("key_id", Text, ForeignKey("callgate.api_keys.key_id"), primary_key=True),
+    Column("session_hash", Text, nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("expires_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("session_hash", name="console_sessions_session_hash_key"),
+)

@@ -9,8 +9,10 @@
   never touches a guarantee, which all live in Postgres. While Redis is down, requests are
   refused with ``redis_unavailable`` rather than let through unlimited.
 - The console's session is a signed cookie holding the key id, an expiry and a nonce,
-  never the key; HttpOnly, SameSite=Strict. Its CSRF token is an HMAC of the cookie, sent
-  back in the ``X-CSRF-Token`` header of every state-changing request.
+  never the key; HttpOnly, SameSite=Strict. The server keeps the nonce's hash, one session
+  per key: signing out deletes it and a new sign-in replaces it, so a copied cookie dies.
+  Its CSRF token is an HMAC of the cookie, sent back in the ``X-CSRF-Token`` header of
+  every state-changing request.
 """
 
 from __future__ import annotations
@@ -106,24 +108,28 @@ def _sign(secret: bytes, message: str) -> str:
     return hmac.new(secret, message.encode(), hashlib.sha256).hexdigest()
 
 
-def new_session(secret: bytes, key_id: str, lifetime: float) -> str:
-    """A cookie value naming the key id (never the key), valid for ``lifetime`` seconds."""
-    body = f"{key_id}.{int(time.time() + lifetime)}.{secrets.token_hex(8)}"
-    return f"{body}.{_sign(secret, 'session|' + body)}"
+def new_session(secret: bytes, key_id: str, lifetime: float) -> tuple[str, str]:
+    """A cookie value naming the key id (never the key), valid for ``lifetime`` seconds,
+    and its nonce: the server keeps the nonce's hash, and the session lives as long as
+    that row (``api_keys.open_session``), so signing out ends it."""
+    nonce = secrets.token_hex(16)
+    body = f"{key_id}.{int(time.time() + lifetime)}.{nonce}"
+    return f"{body}.{_sign(secret, 'session|' + body)}", nonce
 
 
-def session_key_id(secret: bytes, cookie: str | None) -> str:
-    """The key id of a valid, unexpired session cookie; ``unauthenticated`` otherwise."""
+def session_of(secret: bytes, cookie: str | None) -> tuple[str, str]:
+    """The key id and nonce of a well-signed, unexpired session cookie; ``unauthenticated``
+    otherwise. Whether the session is still open is the server's row's to say."""
     if not cookie:
         raise AccessError("sign in with an approver's key")
     body, _, signature = cookie.rpartition(".")
     parts = body.split(".")
     if len(parts) != 3 or not hmac.compare_digest(signature, _sign(secret, "session|" + body)):
         raise AccessError("the session is not valid; sign in again")
-    key_id, expires, _nonce = parts
+    key_id, expires, nonce = parts
     if not expires.isdigit() or int(expires) < time.time():
         raise AccessError("the session expired; sign in again")
-    return key_id
+    return key_id, nonce
 
 
 def csrf_token(secret: bytes, cookie: str) -> str:
@@ -135,3 +141,38 @@ def check_csrf(secret: bytes, cookie: str | None, token: str | None) -> None:
         raise AccessError(
             "missing or wrong X-CSRF-Token; reload the console", code=ErrorCode.CSRF_FAILED
         )
+
+
+# --- long-poll slots -----------------------------------------------------------------------
+
+
+class WaitSlots:
+    """How many long-polls each key has waiting in this process, capped per key.
+
+    A wait holds no thread, but it holds a connection, a task and a Redis read for up to
+    ``CALLGATE_API_MAX_WAIT``: without a cap, one key within its rate could open thousands.
+    Counted in the process (the event loop's thread alone touches it), because what a wait
+    costs is this process's: behind a load balancer each process caps its own."""
+
+    def __init__(self, per_key: int) -> None:
+        self.per_key = per_key
+        self._held: dict[str, int] = {}
+
+    def take(self, key_id: str) -> None:
+        """One slot of ``key_id``, or ``too_many_waits``; give it back with ``give``."""
+        held = self._held.get(key_id, 0)
+        if held >= self.per_key:
+            raise AccessError(
+                f"key {key_id} already has {held} waiting long-polls (at most {self.per_key}); "
+                "retry when one ends, or ask with wait=0",
+                code=ErrorCode.TOO_MANY_WAITS,
+                retry_after=1.0,
+            )
+        self._held[key_id] = held + 1
+
+    def give(self, key_id: str) -> None:
+        held = self._held.get(key_id, 0) - 1
+        if held > 0:
+            self._held[key_id] = held
+        else:
+            self._held.pop(key_id, None)

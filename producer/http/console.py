@@ -2,8 +2,9 @@
 
 Sign-in posts an approver's key once; the answer is a session cookie (HttpOnly,
 SameSite=Strict, Secure over HTTPS) naming the key id, never the key, which is not kept or
-shown again. Every state-changing request carries the session's CSRF token in
-``X-CSRF-Token``. The page polls the tenant's requests every two seconds, so a request
+shown again. The session lives on the server too (one per key): signing out ends it, and a
+new sign-in with the key replaces it. Every state-changing request carries the session's
+CSRF token in ``X-CSRF-Token``. The page polls the tenant's requests every two seconds, so a request
 decided elsewhere, or superseded by a changed intent, updates without a reload.
 """
 
@@ -19,6 +20,7 @@ from fastapi.responses import FileResponse
 from callgate.producer.http import auth, models, routes
 from callgate.store import api_keys, turns
 from callgate.store.api_keys import Principal
+from callgate.store.errors import AccessError
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
@@ -64,8 +66,8 @@ def style() -> FileResponse:
 
 def _signed_in(request: Request, cookie: str | None) -> Principal:
     s = routes.services(request)
-    key_id = auth.session_key_id(s.api.session_secret, cookie)
-    principal = api_keys.principal_of(s.engine, key_id)
+    key_id, nonce = auth.session_of(s.api.session_secret, cookie)
+    principal = api_keys.session_principal(s.engine, key_id, nonce)
     auth.require_approver(principal)
     s.limiter.take(principal)
     return principal
@@ -86,7 +88,9 @@ def sign_in(request: Request, response: Response, body: models.SignIn) -> dict[s
     principal = api_keys.authenticate(s.engine, body.key)
     auth.require_approver(principal)
     s.limiter.take(principal)
-    cookie = auth.new_session(s.api.session_secret, principal.key_id, s.api.session_seconds)
+    cookie, nonce = auth.new_session(s.api.session_secret, principal.key_id, s.api.session_seconds)
+    # Replaces the key's earlier session, if any: one session per key.
+    api_keys.open_session(s.engine, principal.key_id, nonce, s.api.session_seconds)
     response.set_cookie(
         auth.SESSION_COOKIE,
         cookie,
@@ -108,7 +112,15 @@ def current(request: Request, session: SessionCookie = None) -> dict[str, str]:
 
 @router.delete("/session", status_code=204)
 def sign_out(request: Request, session: SessionCookie = None, csrf: CsrfHeader = None) -> Response:
-    auth.check_csrf(routes.services(request).api.session_secret, session, csrf)
+    s = routes.services(request)
+    auth.check_csrf(s.api.session_secret, session, csrf)
+    try:
+        key_id, nonce = auth.session_of(s.api.session_secret, session)
+    except AccessError:
+        pass  # expired already: nothing on the server to end
+    else:
+        # On the server, so the cookie's value, wherever it was copied, is refused next.
+        api_keys.end_session(s.engine, key_id, nonce)
     out = Response(status_code=204)
     out.delete_cookie(auth.SESSION_COOKIE, path="/console", httponly=True, samesite="strict")
     return out

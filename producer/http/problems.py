@@ -39,7 +39,9 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.IDEMPOTENCY_CONFLICT: 409,
     ErrorCode.OPERATION_IN_PROGRESS: 409,
     ErrorCode.MISSING_RESULT: 409,
+    ErrorCode.BODY_TOO_LARGE: 413,
     ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.TOO_MANY_WAITS: 429,
     ErrorCode.EXECUTION_FAILED: 500,
     ErrorCode.INVALID_CONFIGURATION: 500,
     ErrorCode.EMBEDDED_SERVICE_FAILED: 503,
@@ -104,7 +106,7 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
-COMMON = (400, 401, 403, 404, 405, 409, 429, 500, 503)
+COMMON = (400, 401, 403, 404, 405, 409, 413, 429, 500, 503)
 
 
 def install(app: FastAPI) -> None:

@@ -3,15 +3,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import uuid
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
+import anyio
 from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy import text
 
@@ -40,14 +42,21 @@ def services(request: Request) -> Any:
     return request.app.state.services
 
 
-def authenticated(
+def _check_key(s: Any, key: str) -> Principal:
+    principal = api_keys.authenticate(s.engine, key)
+    s.limiter.take(principal)
+    return principal
+
+
+async def authenticated(
     request: Request,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    """The principal of the request's key, after one token of its rate limit."""
+    """The principal of the request's key, after one token of its rate limit. The check
+    runs on threads of its own (``KEY_CHECK_THREADS``), never the routes' shared pool."""
     s = services(request)
-    principal = api_keys.authenticate(s.engine, bearer_key(request.headers.get("authorization")))
-    s.limiter.take(principal)
+    key = bearer_key(request.headers.get("authorization"))
+    principal: Principal = await anyio.to_thread.run_sync(_check_key, s, key, limiter=s.key_checks)
     return principal
 
 
@@ -247,6 +256,29 @@ def _own_turn(s: Any, who: Principal, turn_id: str) -> None:
         raise UnknownTurn(f"no turn {turn_id}")
 
 
+async def _collect_unless_gone(request: Request, s: Any, turn_id: str, wait: float) -> Any:
+    """``collect`` for up to ``wait`` seconds, ended early (None) if the client hangs up: a
+    wait nobody will read gives its slot (and its Redis read) back at once."""
+
+    async def hung_up() -> None:
+        # The request has no body: the next message is the disconnect, when it comes.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+
+    collecting = asyncio.ensure_future(s.collector.collect(turn_id, wait))
+    watching = asyncio.ensure_future(hung_up())
+    try:
+        await asyncio.wait({collecting, watching}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in (watching, collecting):
+            if not task.done():
+                task.cancel()
+        await asyncio.gather(watching, collecting, return_exceptions=True)
+    if collecting.cancelled():
+        return None  # the client is gone
+    return collecting.result()
+
+
 @router.get(
     "/v1/turns/{turn_id}/results",
     response_model=models.Collected | list[dict[str, Any]] | dict[str, Any],
@@ -254,7 +286,7 @@ def _own_turn(s: Any, who: Principal, turn_id: str) -> None:
     summary="Wait for a turn's results",
     tags=["turns"],
 )
-def turn_results(
+async def turn_results(
     request: Request,
     who: Who,
     turn_id: Annotated[str, Path(max_length=100)],
@@ -263,11 +295,24 @@ def turn_results(
 ) -> Any:
     """What `callgate collect --json` prints (or, with `provider`, that surface's tool-result
     message, which needs every result: `missing_result` until then). Returns as soon as the
-    last result lands, or after `wait` seconds (at most CALLGATE_API_MAX_WAIT)."""
+    last result lands, or after `wait` seconds (at most CALLGATE_API_MAX_WAIT). A key has at
+    most CALLGATE_API_MAX_WAITS_PER_KEY waits at once (`too_many_waits` past them)."""
     s = services(request)
     check_timeout(wait, "wait")
-    _own_turn(s, who, turn_id)
-    collected = s.producer.collect(turn_id, min(wait, s.api.max_wait))
+    wait = min(wait, s.api.max_wait)
+    await run_in_threadpool(_own_turn, s, who, turn_id)
+    # The wait awaits the turn's Redis stream on the event loop: it holds no thread, so
+    # long-polls never starve other requests of the pool; its slot bounds what it does hold.
+    if wait > 0:
+        s.waits.take(who.key_id)
+        try:
+            collected = await _collect_unless_gone(request, s, turn_id, wait)
+        finally:
+            s.waits.give(who.key_id)
+        if collected is None:
+            return Response(status_code=204)  # to a closed connection: nobody reads it
+    else:
+        collected = await s.collector.collect(turn_id, 0)
     if provider:
         return JSONResponse(collected.provider_message(provider))
     return JSONResponse(collected.as_json())
@@ -392,15 +437,17 @@ def call_trace(
     request: Request, who: Who, call: Annotated[str, Path(max_length=200)]
 ) -> list[dict[str, Any]]:
     """`callgate trace --json` for a call ref, a provider call id or a turn id of the key's
-    tenant: every layer's verdict, never arguments, results or owner tokens."""
+    own user (of its whole tenant with the `approver` or `auditor` role; another's answers
+    like a missing one): every layer's verdict, never arguments, results or owner tokens."""
+    user = None if who.reads_tenant_traces else who.user_id
     with db.translate_errors("trace"):
-        events = trace.events(services(request).engine, call, tenant=who.tenant_id)
+        events = trace.events(services(request).engine, call, tenant=who.tenant_id, user=user)
     return intake.redacted_trace(events)
 
 
 @router.get("/healthz", response_model=models.Health, tags=["health"])
-def healthz() -> dict[str, str]:
-    """The process answers."""
+async def healthz() -> dict[str, str]:
+    """The process answers (on the event loop itself: never queued behind requests)."""
     return {"status": "ok"}
 
 
@@ -410,11 +457,16 @@ def healthz() -> dict[str, str]:
     responses=problems.responses(503),
     tags=["health"],
 )
-def readyz(request: Request) -> dict[str, Any]:
-    """Postgres and Redis answer (503 `database_unavailable` / `redis_unavailable` if not)."""
+async def readyz(request: Request) -> dict[str, Any]:
+    """Postgres and Redis answer (503 `database_unavailable` / `redis_unavailable` if not).
+    The checks run on a thread of their own, never queued behind requests."""
     s = services(request)
+    await anyio.to_thread.run_sync(_ready, s, limiter=s.readiness)
+    return {"status": "ready", "postgres": True, "redis": True}
+
+
+def _ready(s: Any) -> None:
     with db.translate_errors("readyz"), db.autocommit(s.engine) as conn:
         conn.execute(text("SELECT 1"))
     with transport.translate_errors("readyz"):
         s.producer.redis.ping()
-    return {"status": "ready", "postgres": True, "redis": True}

@@ -16,6 +16,7 @@ import anyio
 import pytest
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
 from callgate.ops.chaos.services import free_port
@@ -100,15 +101,13 @@ def test_an_http_server_s_tools_are_discovered_and_called(
 def test_the_gateway_over_http_lists_the_principal_s_tools(
     service_env: dict[str, str], tmp_path: Path
 ) -> None:
+    from tests.acceptance.api_server import make_key
+
     port = free_port()
-    context = tmp_path / "ctx.json"
-    context.write_text(
-        json.dumps(
-            {"request_id": "r", "tenant_id": "tenant-a", "user_id": "u", "roles": ["viewer"]}
-        )
-    )
+    # Over HTTP the principal is the key's (tests/acceptance/test_mcp_gateway_auth.py).
+    key = make_key(service_env, "tenant-a", "u", "viewer")["key"]
     gateway = subprocess.Popen(
-        [sys.executable, "-m", "callgate.ops.cli", "mcp-gateway", "--context", str(context)],
+        [sys.executable, "-m", "callgate.ops.cli", "mcp-gateway"],
         env={
             **service_env,
             "PATH": "/usr/bin:/bin",
@@ -121,7 +120,11 @@ def test_the_gateway_over_http_lists_the_principal_s_tools(
 
     async def main() -> tuple[set[str], int]:
         async with (
-            streamable_http_client(f"http://127.0.0.1:{port}/mcp") as (read, write),
+            create_mcp_http_client(headers={"Authorization": f"Bearer {key}"}) as http,
+            streamable_http_client(f"http://127.0.0.1:{port}/mcp", http_client=http) as (
+                read,
+                write,
+            ),
             ClientSession(read, write) as session,
         ):
             await session.initialize()

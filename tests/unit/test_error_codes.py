@@ -22,6 +22,7 @@ def test_retryable_codes_are_exactly_the_transient_ones() -> None:
         "database_unavailable",
         "redis_unavailable",
         "rate_limited",  # the HTTP API: the same request after Retry-After
+        "too_many_waits",  # the HTTP API: the same long-poll once one of the key's ends
     }
     assert ToolError("x", code=ErrorCode.UPSTREAM_UNAVAILABLE).retryable
     for code in ("approval_denied", "repeated_call", "budget_exceeded", "reconciliation_pending"):

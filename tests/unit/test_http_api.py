@@ -50,26 +50,26 @@ def test_a_version_superseded_before_a_decision_is_named() -> None:
 
 
 def test_a_session_cookie_names_the_key_id_and_is_signed() -> None:
-    cookie = auth.new_session(SECRET, "ak1", 60)
-    assert auth.session_key_id(SECRET, cookie) == "ak1"
+    cookie, nonce = auth.new_session(SECRET, "ak1", 60)
+    assert auth.session_of(SECRET, cookie) == ("ak1", nonce)
     with pytest.raises(AccessError):
-        auth.session_key_id(b"t" * 32, cookie)  # another secret
+        auth.session_of(b"t" * 32, cookie)  # another secret
     forged = cookie.replace("ak1", "ak2", 1)
     with pytest.raises(AccessError):
-        auth.session_key_id(SECRET, forged)
+        auth.session_of(SECRET, forged)
     with pytest.raises(AccessError):
-        auth.session_key_id(SECRET, None)
+        auth.session_of(SECRET, None)
 
 
 def test_an_expired_session_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    cookie = auth.new_session(SECRET, "ak1", 60)
+    cookie, _ = auth.new_session(SECRET, "ak1", 60)
     monkeypatch.setattr(time, "time", lambda: 10**11)
     with pytest.raises(AccessError, match="expired"):
-        auth.session_key_id(SECRET, cookie)
+        auth.session_of(SECRET, cookie)
 
 
 def test_csrf_token_is_bound_to_the_session() -> None:
-    a, b = auth.new_session(SECRET, "ak1", 60), auth.new_session(SECRET, "ak1", 60)
+    (a, _), (b, _) = auth.new_session(SECRET, "ak1", 60), auth.new_session(SECRET, "ak1", 60)
     auth.check_csrf(SECRET, a, auth.csrf_token(SECRET, a))
     for cookie, token in ((a, auth.csrf_token(SECRET, b)), (a, None), (None, "x")):
         with pytest.raises(AccessError) as caught:

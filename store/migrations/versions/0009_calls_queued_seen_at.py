@@ -2,7 +2,7 @@
 delivery without touching ``dispatched_at`` (the queue-wait histogram reads that).
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 """
 
 import sqlalchemy as sa

@@ -1,0 +1,97 @@
+"""uvicorn as ``callgate api`` and ``callgate mcp-gateway --http`` run it.
+
+uvicorn times out an idle keep-alive connection (``timeout_keep_alive``), but never a request
+head: a connection that opens and sends part of its headers, or nothing, is kept open for as
+long as the client likes (uvicorn has no header timeout, and h11 only caps the head's size).
+A few hundred such sockets hold file descriptors and memory at no cost to the sender. The
+protocol here is uvicorn's h11 protocol with one timer more: armed when a connection opens
+and whenever the bytes of a new request head start arriving, disarmed when the head is whole,
+and closing the connection when it fires. A reverse proxy in front should enforce its own
+limits too (docs/api.md); this one holds without it.
+
+h11 is chosen explicitly (not ``auto``), so installing httptools never silently drops the
+guard.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import h11
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+log = logging.getLogger("callgate.http")
+
+# h11's own cap on a request head (bytes): a bigger one is answered 400.
+MAX_HEAD_BYTES = 16 * 1024
+
+
+class HeaderTimeoutH11(H11Protocol):
+    """uvicorn's h11 protocol that closes a connection whose request head is not whole
+    ``header_timeout`` seconds after it began (or after the connection opened)."""
+
+    header_timeout: float = 10.0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._head_timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        before = self.cycle
+        super().data_received(data)
+        if self.cycle is not before:
+            self._disarm()  # a head arrived whole: the request is the app's now
+        elif self.conn.their_state is h11.IDLE and self._head_timer is None:
+            # Bytes of a new head on a connection between requests (uvicorn cancelled its
+            # keep-alive timer on them): the head gets header_timeout from now to be whole.
+            self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._head_timer = self.loop.call_later(self.header_timeout, self._head_timed_out)
+
+    def _disarm(self) -> None:
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self.conn.their_state is h11.IDLE and not self.transport.is_closing():
+            log.debug("closing a connection whose request head took over %ss", self.header_timeout)
+            self.transport.close()
+
+
+def protocol(header_timeout: float) -> type[HeaderTimeoutH11]:
+    """The protocol class for uvicorn's ``http=`` with this header timeout."""
+    return type("HeaderTimeoutH11", (HeaderTimeoutH11,), {"header_timeout": header_timeout})
+
+
+def run(app: Any, *, host: str, port: int, header_timeout: float, keep_alive: int) -> None:
+    """Serve ``app`` with uvicorn, its head and keep-alive timeouts set."""
+    import uvicorn
+
+    uvicorn.run(
+        app,
+        host=host,
+        port=port,
+        http=protocol(header_timeout),
+        timeout_keep_alive=keep_alive,
+        h11_max_incomplete_event_size=MAX_HEAD_BYTES,
+        log_level="warning",
+        access_log=False,
+        # The console's cookie is Secure when the request is HTTPS; behind a proxy that
+        # terminates TLS, uvicorn takes the scheme from X-Forwarded-Proto of trusted proxies
+        # (FORWARDED_ALLOW_IPS, default 127.0.0.1).
+        proxy_headers=True,
+    )
