@@ -818,6 +818,19 @@ def _prune(op: Op) -> None:
         "run_2": op.shown(second),
         "b_operation_kept": b_kept,
     }
+    removed = before["B"]["turns"] - after_1["B"]["turns"]
+    if first.returncode != 0 and removed and not _says_maybe(first.stderr):
+        op.result.broken.append(
+            f"prune failed ({first.stderr.strip()[:160]!r}) without saying rows may have been "
+            f"removed, but it removed {removed} turn(s)"
+        )
+    if first.returncode == 0:
+        told = json.loads(first.stdout)
+        if told["turns"] < removed and not told.get("unknown_batches"):
+            op.result.broken.append(
+                f"prune said it removed {told['turns']} turn(s) (and no batch of unknown "
+                f"outcome), but it removed {removed}"
+            )
     for name, after in (("the faulted prune", after_1), ("the repeat", after_2)):
         for turn in ("A", "C"):
             if after[turn] != before[turn]:
