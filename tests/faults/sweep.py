@@ -260,6 +260,13 @@ ROUND_TRIPS: dict[str, RoundTripSpec] = {
             unkeyed_args=(("needs_approval", True),),
         ),
         RoundTripSpec(
+            "deny",
+            "postgres",
+            _pg(r"SET state = 'denied', decided_by", OPS),
+            action="deny",
+            unkeyed_args=(("needs_approval", True),),
+        ),
+        RoundTripSpec(
             "reconcile resolve",
             "postgres",
             _pg(r"WITH settled AS", OPS),
@@ -592,7 +599,11 @@ class Cell:
                     result.broken.append(
                         f"{where}: its write applied, but it ended {c['state']}/{c['code']}"
                     )
-            if c["operation_id"] not in ran and c["state"] == "failed_terminal":
+            if (
+                c["operation_id"] not in ran
+                and c["state"] == "failed_terminal"
+                and c["code"] != "approval_denied"  # a person's verdict: its true outcome
+            ):
                 result.broken.append(
                     f"{where}: never ran, but ended failed_terminal/{c['code']} (failed for good)"
                 )
@@ -668,50 +679,64 @@ def _approve(op: Op) -> None:
     (the operator's repeat). The decision is recorded once, the write runs once, the first
     command's error (if any) says the decision may be recorded when it is, and the repeat
     neither fails as if nothing happened nor resumes anything twice."""
+    _decide(op, "approve")
+
+
+def _deny(op: Op) -> None:
+    """Deny it instead: recorded once, the write never runs and ends ``approval_denied``."""
+    _decide(op, "deny")
+
+
+def _decide(op: Op, verb: str) -> None:
+    verdict, event = {"approve": ("approved", "approval_granted"),
+                      "deny": ("denied", "approval_denied")}[verb]  # fmt: skip
     call = op.wait_unkeyed(("awaiting_approval",))
     row = op.one("SELECT approval_id FROM callgate.calls WHERE id = %s", call["id"])
     assert row is not None
     approval_id = str(row["approval_id"])
-    who = ("approvals", "approve", approval_id, "--by", APPROVER, "--tenant", "tenant-f")
+    who = ("approvals", verb, approval_id, "--by", APPROVER, "--tenant", "tenant-f")
     op.arm()
     first = op.cli(*who)
     op.fault.wait(5.0)
     decided = op.one(
         "SELECT state, decided_by FROM callgate.approvals WHERE approval_id = %s", approval_id
     )
-    op.result.evidence["approve_1"] = op.shown(first)
+    op.result.evidence[f"{verb}_1"] = op.shown(first)
     op.result.evidence["request_after_1"] = decided
-    recorded = decided is not None and decided["state"] == "approved"
+    recorded = decided is not None and decided["state"] == verdict
     if first.returncode != 0 and recorded and not _says_maybe(first.stderr):
         op.result.broken.append(
-            f"approve failed ({first.stderr.strip()[:160]!r}) without saying the decision may "
+            f"{verb} failed ({first.stderr.strip()[:160]!r}) without saying the decision may "
             "be recorded, but it is"
         )
     if first.returncode == 0 and not recorded:
-        op.result.broken.append("approve succeeded, but the request is not approved")
+        op.result.broken.append(f"{verb} succeeded, but the request is not {verdict}")
     second = op.cli(*who)
-    op.result.evidence["approve_2"] = op.shown(second)
-    if second.returncode != 0 and not re.search(r"\bis approved\b", second.stderr):
+    op.result.evidence[f"{verb}_2"] = op.shown(second)
+    if second.returncode != 0 and not re.search(rf"\bis {verdict}\b", second.stderr):
         op.result.broken.append(
-            f"the repeated approve failed ({second.stderr.strip()[:160]!r}) without saying the "
-            "request is approved"
+            f"the repeated {verb} failed ({second.stderr.strip()[:160]!r}) without saying the "
+            f"request is {verdict}"
         )
     op.cell._wait_ended(op.ids)
-    grants = op.count(
-        "SELECT count(*) FROM callgate.trace_events WHERE call_ref = %s"
-        " AND event = 'approval_granted'",
+    decisions = op.count(
+        "SELECT count(*) FROM callgate.trace_events WHERE call_ref = %s AND event = %s",
         call["id"],
+        event,
     )
     runs = op.count(
         "SELECT count(*) FROM faults.runs WHERE operation_id = %s", call["operation_id"]
     )
     final = op.unkeyed()
-    op.result.evidence["approval"] = {"grants": grants, "runs": runs, "call": final["state"]}
-    if grants != 1:
-        op.result.broken.append(f"the approval was granted {grants} times (trace events)")
-    if runs != 1 or final["state"] != "succeeded":
+    op.result.evidence["decision"] = {"events": decisions, "runs": runs, "call": final["state"]}
+    if decisions != 1:
+        op.result.broken.append(f"the request was {verdict} {decisions} times ({event} events)")
+    expected = (
+        (1, "succeeded", None) if verb == "approve" else (0, "failed_terminal", "approval_denied")
+    )
+    if (runs, final["state"], final["code"]) != expected:
         op.result.broken.append(
-            f"the approved write ran {runs} time(s) and ended {final['state']}/{final['code']}"
+            f"the {verdict} write ran {runs} time(s) and ended {final['state']}/{final['code']}"
         )
 
 
@@ -919,6 +944,7 @@ def _redis_stall(op: Op) -> None:
 
 ACTIONS: dict[str, Callable[[Op], None]] = {
     "approve": _approve,
+    "deny": _deny,
     "reconcile": _reconcile,
     "prune": _prune,
     "redis_stall": _redis_stall,
