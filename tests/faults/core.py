@@ -77,6 +77,7 @@ class Fault:
     cut_all: bool = False
     stall_all: bool = False
     seen: int = 0
+    dropped: bytes = b""  # Redis: the replies a lost-reply fault kept from the client
     hit: RoundTrip | None = None
     hit_at: float | None = None
     fired: threading.Event = field(default_factory=threading.Event)

@@ -239,7 +239,7 @@ class RedisProxy(Proxy):
                 batch.replies -= 1
                 fault = batch.fault
                 if fault is not None and fault.kind == LOSE_REPLY:
-                    pass  # dropped
+                    fault.dropped += buf[pos:end]  # dropped (kept for the evidence)
                 elif fault is not None and fault.kind == STALL and fault.stall_reply:
                     held += buf[pos:end]
                 else:

@@ -435,6 +435,8 @@ class Cell:
             result.verdict = "BROKE"
         result.evidence["fault"] = fault.describe()
         result.evidence["hit"] = fault.hit.text[:80] if fault.hit else None
+        if fault.dropped:
+            result.evidence["reply_lost"] = fault.dropped[:120].decode("utf-8", "replace")
         return result
 
     @property
