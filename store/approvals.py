@@ -164,6 +164,13 @@ SELECT id FROM callgate.calls WHERE approval_id = :approval_id AND state = 'prop
  ORDER BY created_at
 """
 
+# The calls a denial whose reply was lost ended (what the command reports).
+DENIED_SQL = """
+SELECT count(*) FROM callgate.calls
+ WHERE approval_id = :approval_id AND state = 'failed_terminal'
+   AND result #>> '{error,code}' = 'approval_denied'
+"""
+
 LIST_SQL = """
 SELECT a.approval_id, a.version, a.state, a.tool_name, a.tenant_id, a.requested_by,
        a.operation_id, a.intent_hash, a.policy_version, a.impact, a.decided_by,
@@ -291,9 +298,13 @@ def deny(engine: Engine, approval_id: str, *, by: str, tenant: str) -> Finished:
     if row is not None and not row.decided:
         _explain(engine, ident, by=who, tenant=tenant)
     metrics.approval(_tool_of(engine, ident), "denied")
-    # A denial whose reply was lost ended its calls; their successors, if any, are
-    # dispatched by the sweeper (it dispatches a successor whose predecessor has ended).
-    return Finished(0, []) if row is None else Finished(row.finished, list(row.successors))
+    if row is None:
+        # A denial whose reply was lost ended its calls; their successors, if any, are
+        # dispatched by the sweeper (it dispatches a successor whose predecessor has ended).
+        with db.autocommit(engine) as conn:
+            ended = conn.execute(text(DENIED_SQL), params).scalar_one()
+        return Finished(ended, [])
+    return Finished(row.finished, list(row.successors))
 
 
 def _decide(engine: Engine, sql: str, params: dict[str, Any], *, verdict: Verdict) -> Any:

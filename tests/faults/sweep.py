@@ -713,6 +713,11 @@ def _decide(op: Op, verb: str) -> None:
         )
     if first.returncode == 0 and not recorded:
         op.result.broken.append(f"{verb} succeeded, but the request is not {verdict}")
+    told = re.search(r"(\d+) call\(s\)", first.stdout)
+    if first.returncode == 0 and (told is None or int(told.group(1)) != 1):
+        op.result.broken.append(
+            f"{verb} said {first.stdout.strip()!r}, but it decided the one parked call"
+        )
     second = op.cli(*who)
     op.result.evidence[f"{verb}_2"] = op.shown(second)
     if second.returncode != 0 and not re.search(rf"\bis {verdict}\b", second.stderr):
