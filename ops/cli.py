@@ -666,6 +666,10 @@ def approvals_group() -> None:
     """
 
 
+# The operator commands' connections (approvals here; reconcile and prune in
+# ops/maintenance.py) go by this name, so they can be told apart in pg_stat_activity.
+OPS_APPLICATION = "callgate-ops"
+
 _TENANT = click.option(
     "--tenant",
     "tenant",
@@ -689,7 +693,7 @@ def approvals_list_cmd(state: str, tenant: str, as_json: bool) -> None:
     """Approval requests of the tenant, oldest first."""
     from callgate.store import approvals
 
-    engine = db.create(_settings().require_database())
+    engine = db.create(_settings().require_database(), application_name=OPS_APPLICATION)
     with db.translate_errors("approvals"):
         found = approvals.requests(engine, tenant=tenant, state=None if state == "all" else state)
     if as_json:
@@ -709,7 +713,7 @@ def approvals_show_cmd(approval_id: str, tenant: str, as_json: bool) -> None:
     """One request of the tenant with its full server-computed impact."""
     from callgate.store import approvals
 
-    engine = db.create(_settings().require_database())
+    engine = db.create(_settings().require_database(), application_name=OPS_APPLICATION)
     with db.translate_errors("approvals"):
         found = approvals.show(engine, approval_id, tenant=tenant)
     if as_json:
@@ -747,7 +751,7 @@ def approvals_approve_cmd(approval_id: str, by: str, tenant: str) -> None:
     from callgate.store import approvals
 
     settings = _settings()
-    engine = db.create(settings.require_database())
+    engine = db.create(settings.require_database(), application_name=OPS_APPLICATION)
     with db.translate_errors("approvals"):
         resumed = approvals.approve(engine, approval_id, by=by, tenant=tenant)
     click.echo(f"approved {approval_id} by {by.strip()}; {len(resumed)} call(s) resumed")
@@ -763,7 +767,7 @@ def approvals_deny_cmd(approval_id: str, by: str, tenant: str) -> None:
     from callgate.store import approvals
 
     settings = _settings()
-    engine = db.create(settings.require_database())
+    engine = db.create(settings.require_database(), application_name=OPS_APPLICATION)
     with db.translate_errors("approvals"):
         finished = approvals.deny(engine, approval_id, by=by, tenant=tenant)
     click.echo(

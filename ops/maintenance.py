@@ -127,8 +127,16 @@ def prune_cmd(older_than: str, batch: int, dry_run: bool, as_json: bool) -> None
         click.echo(json.dumps({"dry_run": dry_run, **counts}))
         return
     verb = "would remove" if dry_run else "removed"
+    unknown = counts.pop("unknown_batches")
     shown = counts if not dry_run else {k: counts[k] for k in ("turns", "calls", "api_idempotency")}
     names = {"api_idempotency": "API idempotency answers"}
     click.echo(
-        f"{verb} " + ", ".join(f"{n} {names.get(k, k.replace('_', ' '))}" for k, n in shown.items())
+        f"{verb} "
+        + ", ".join(f"{n} {names.get(k, k.replace('_', ' '))}" for k, n in shown.items())
+        + (
+            f"; {unknown} batch(es) were sent again after a lost connection: one whose reply "
+            "was lost may have removed more rows than counted here"
+            if unknown
+            else ""
+        )
     )

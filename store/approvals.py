@@ -29,12 +29,12 @@ from __future__ import annotations
 import json
 import uuid
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, NoReturn
 
 from sqlalchemy import Engine, text
 
 from callgate.store import db, metrics
-from callgate.store.errors import ApprovalError, ErrorCode
+from callgate.store.errors import ApprovalError, ErrorCode, ServiceUnavailable
 from callgate.store.reservations import FINISH_TAIL, Finished, result_body
 
 SETTLE_SQL = (
@@ -148,6 +148,29 @@ WITH decided AS (
     + ", (SELECT count(*) FROM decided) AS decided"
 )
 
+# After a transient failure the deciding statement is sent again; it matches no row when the
+# attempt whose reply was lost had already decided. This tells that case (the request holds
+# this approver's verdict) from a request someone else decided.
+DECIDED_BY_SQL = """
+SELECT 1 FROM callgate.approvals
+ WHERE approval_id = :approval_id AND tenant_id = :tenant AND state = :verdict
+   AND lower(decided_by) = lower(:by)
+"""
+
+# The calls a grant whose reply was lost put back to 'proposed': they may have no job yet (a
+# duplicate job is harmless: the reservation runs a call once).
+RESUMABLE_SQL = """
+SELECT id FROM callgate.calls WHERE approval_id = :approval_id AND state = 'proposed'
+ ORDER BY created_at
+"""
+
+# The calls a denial whose reply was lost ended (what the command reports).
+DENIED_SQL = """
+SELECT count(*) FROM callgate.calls
+ WHERE approval_id = :approval_id AND state = 'failed_terminal'
+   AND result #>> '{error,code}' = 'approval_denied'
+"""
+
 LIST_SQL = """
 SELECT a.approval_id, a.version, a.state, a.tool_name, a.tenant_id, a.requested_by,
        a.operation_id, a.intent_hash, a.policy_version, a.impact, a.decided_by,
@@ -237,14 +260,17 @@ def approve(engine: Engine, approval_id: str, *, by: str, tenant: str) -> list[u
     """
     ident = _parse_id(approval_id)
     who, tenant = _approver(by), _tenant(tenant)
-    with db.autocommit(engine) as conn:
-        row = conn.execute(
-            text(APPROVE_SQL), {"approval_id": ident, "by": who, "tenant": tenant}
-        ).one()
-    if not row.decided:
+    params = {"approval_id": ident, "by": who, "tenant": tenant}
+    row = _decide(engine, APPROVE_SQL, params, verdict="approved")
+    if row is None:  # an attempt whose reply was lost granted it
+        with db.autocommit(engine) as conn:
+            resumed = list(conn.execute(text(RESUMABLE_SQL), params).scalars())
+    elif not row.decided:
         _explain(engine, ident, by=who, tenant=tenant)
+    else:
+        resumed = list(row.resumed)
     metrics.approval(_tool_of(engine, ident), "granted")
-    return list(row.resumed)
+    return resumed
 
 
 def deny(engine: Engine, approval_id: str, *, by: str, tenant: str) -> Finished:
@@ -259,23 +285,59 @@ def deny(engine: Engine, approval_id: str, *, by: str, tenant: str) -> Finished:
             "details": [{"code": "denied", "message": "an approver denied this action"}],
         },
     )
-    with db.autocommit(engine) as conn:
-        row = conn.execute(
-            text(DENY_SQL),
-            {
-                "approval_id": ident,
-                "by": who,
-                "tenant": tenant,
-                "body": body,
-                "event": "approval_denied",
-                "generation": None,
-                "detail": json.dumps({"approval_id": str(ident), "by": who}),
-            },
-        ).one()
-    if not row.decided:
+    params = {
+        "approval_id": ident,
+        "by": who,
+        "tenant": tenant,
+        "body": body,
+        "event": "approval_denied",
+        "generation": None,
+        "detail": json.dumps({"approval_id": str(ident), "by": who}),
+    }
+    row = _decide(engine, DENY_SQL, params, verdict="denied")
+    if row is not None and not row.decided:
         _explain(engine, ident, by=who, tenant=tenant)
     metrics.approval(_tool_of(engine, ident), "denied")
+    if row is None:
+        # A denial whose reply was lost ended its calls; their successors, if any, are
+        # dispatched by the sweeper (it dispatches a successor whose predecessor has ended).
+        with db.autocommit(engine) as conn:
+            ended = conn.execute(text(DENIED_SQL), params).scalar_one()
+        return Finished(ended, [])
     return Finished(row.finished, list(row.successors))
+
+
+def _decide(engine: Engine, sql: str, params: dict[str, Any], *, verdict: Verdict) -> Any:
+    """Send the deciding statement, again after a transient failure (a lost connection, a
+    refused connect: it is guarded on ``pending``, so a repeat decides nothing twice).
+
+    Returns its row, or None when a repeat found the request already holding this
+    approver's ``verdict``: the attempt whose reply was lost decided it. If every attempt
+    fails, the error says the decision may have been recorded (a lost reply cannot tell),
+    never that nothing happened."""
+    attempts = 0
+
+    def attempt() -> Any:
+        nonlocal attempts
+        attempts += 1
+        with db.autocommit(engine) as conn:
+            row = conn.execute(text(sql), params).one()
+            if row.decided or attempts == 1:
+                return row
+            mine = conn.execute(text(DECIDED_BY_SQL), {**params, "verdict": verdict}).first()
+            return None if mine is not None else row
+
+    try:
+        return db.retry_transient(attempt)
+    except Exception as exc:
+        if not db.is_transient(exc):
+            raise
+        ident = params["approval_id"]
+        raise ServiceUnavailable(
+            f"approvals: cannot reach PostgreSQL ({_first_line(exc)}); the decision may "
+            f"have been recorded: `callgate approvals show {ident} --tenant {params['tenant']}` "
+            "tells, and repeating the command is safe (it never decides twice)"
+        ) from exc
 
 
 def requests(
@@ -308,7 +370,7 @@ def _tool_of(engine: Engine, ident: uuid.UUID) -> str:
     return str(name)
 
 
-def _explain(engine: Engine, ident: uuid.UUID, *, by: str, tenant: str) -> None:
+def _explain(engine: Engine, ident: uuid.UUID, *, by: str, tenant: str) -> NoReturn:
     """Say why the deciding statement matched no row. Only explains: nothing is decided here,
     so a request decided meanwhile is reported as it now is."""
     found = requests(engine, tenant=tenant, approval_id=str(ident))
@@ -325,6 +387,11 @@ def _explain(engine: Engine, ident: uuid.UUID, *, by: str, tenant: str) -> None:
         f"decide it; another approver of {tenant} must; nothing changed",
         code=ErrorCode.APPROVAL_FORBIDDEN,
     )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def _unknown(approval_id: str) -> ApprovalError:

@@ -23,7 +23,7 @@ from typing import Any, Literal, NoReturn, cast
 from sqlalchemy import Engine, text
 
 from callgate.store import db
-from callgate.store.errors import ErrorCode, InputError, ReconciliationError
+from callgate.store.errors import ErrorCode, InputError, ReconciliationError, ServiceUnavailable
 from callgate.store.reservations import result_body
 from callgate.store.types import TRUST_LABEL
 
@@ -59,6 +59,17 @@ WITH settled AS (
     SELECT operation_id, 'reconciled', generation, CAST(:detail AS jsonb) FROM settled
 )
 SELECT operation_id, generation FROM settled
+"""
+
+# After a transient failure the resolve is sent again; it matches no row when the attempt
+# whose reply was lost had already settled the operation. This tells that case (the
+# operation holds this person's outcome, audited) from one someone else settled.
+SETTLED_BY_SQL = """
+SELECT op.generation FROM callgate.operations AS op
+ WHERE op.operation_id = :operation_id AND op.state = :state
+   AND EXISTS (SELECT 1 FROM callgate.trace_events AS t
+                WHERE t.operation_id = op.operation_id AND t.event = 'reconciled'
+                  AND t.detail ->> 'by' = :by AND t.detail ->> 'outcome' = :outcome)
 """
 
 STATE_SQL = """
@@ -151,19 +162,43 @@ def resolve(
             },
         )
         state = "failed"
-    with db.autocommit(engine) as conn:
-        row = conn.execute(
-            text(RESOLVE_SQL),
-            {
-                "operation_id": operation_id,
-                "state": state,
-                "body": body,
-                "detail": json.dumps(settled),
-            },
-        ).first()
-        if row is None:
-            _explain(conn.execute(text(STATE_SQL), {"operation_id": operation_id}).first(),
-                     operation_id)  # fmt: skip
+    params = {
+        "operation_id": operation_id,
+        "state": state,
+        "body": body,
+        "detail": json.dumps(settled),
+        "by": who,
+        "outcome": outcome,
+    }
+    attempts = 0
+
+    def attempt() -> Any:
+        # Guarded on "awaiting reconciliation": sending it again after a transient failure
+        # settles nothing twice; a repeat that matches no row asks whether the attempt whose
+        # reply was lost settled it.
+        nonlocal attempts
+        attempts += 1
+        with db.autocommit(engine) as conn:
+            row = conn.execute(text(RESOLVE_SQL), params).first()
+            if row is None and attempts > 1:
+                row = conn.execute(text(SETTLED_BY_SQL), params).first()
+            if row is None:
+                _explain(conn.execute(text(STATE_SQL), {"operation_id": operation_id}).first(),
+                         operation_id)  # fmt: skip
+            return row
+
+    try:
+        row = db.retry_transient(attempt)
+    except Exception as exc:
+        if not db.is_transient(exc):
+            raise
+        text_ = str(getattr(exc, "orig", None) or exc).strip()
+        raise ServiceUnavailable(
+            f"reconcile: cannot reach PostgreSQL ({text_.splitlines()[0] if text_ else exc!r});"
+            f" the outcome may have been recorded: `callgate reconcile show {operation_id}` "
+            "tells (once settled it names the outcome), and repeating the command is safe "
+            "(it never settles twice)"
+        ) from exc
     return Resolved(operation_id, cast(Outcome, outcome), who, row.generation)
 
 

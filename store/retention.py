@@ -15,13 +15,17 @@ pruning a large history holds no long locks and can run beside workers.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, fields
+from typing import Any, TypeVar
 
 from sqlalchemy import Engine, text
 from sqlalchemy.exc import IntegrityError
 
 from callgate.store import db
-from callgate.store.errors import InputError
+from callgate.store.errors import InputError, ServiceUnavailable
+
+_T = TypeVar("_T")
 
 _DUE = """
 SELECT t.turn_id FROM callgate.turns AS t
@@ -112,7 +116,11 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86_400, "w": 604_800}
 
 @dataclass
 class Pruned:
-    """How many rows of each kind were removed (or, for a dry run, would be)."""
+    """How many rows of each kind were removed (or, for a dry run, would be).
+
+    ``unknown_batches``: batches sent again after a transient failure (a lost connection, a
+    refused connect). One whose reply was lost removed its rows, but its counts never came
+    back: the totals may then be short, never long."""
 
     turns: int = 0
     calls: int = 0
@@ -121,6 +129,7 @@ class Pruned:
     operations: int = 0
     approvals: int = 0
     api_idempotency: int = 0
+    unknown_batches: int = 0
 
     def add(self, other: Pruned) -> None:
         for f in fields(self):
@@ -153,8 +162,7 @@ def prune(engine: Engine, *, older_than: float, batch: int = 500, dry_run: bool 
     conflicts = 0
     while True:
         try:
-            with db.autocommit(engine) as conn:
-                row = conn.execute(text(PRUNE_SQL), params).one()
+            row = _batch(engine, PRUNE_SQL, params, total, lambda r: r.one())
         except IntegrityError:
             # A new call started to use an operation of this batch: nothing was removed;
             # the next attempt sees that call and keeps its operation.
@@ -165,17 +173,49 @@ def prune(engine: Engine, *, older_than: float, batch: int = 500, dry_run: bool 
         done = Pruned(**row._asdict())
         total.add(done)
         if done.turns < batch:
-            total.api_idempotency = _prune_api_idempotency(engine, older_than, batch)
+            total.api_idempotency = _prune_api_idempotency(engine, older_than, batch, total)
             return total
 
 
-def _prune_api_idempotency(engine: Engine, older_than: float, batch: int) -> int:
+def _prune_api_idempotency(engine: Engine, older_than: float, batch: int, total: Pruned) -> int:
     removed = 0
+    params = {"older_than": older_than, "batch": batch}
     while True:
-        with db.autocommit(engine) as conn:
-            gone = conn.execute(
-                text(PRUNE_API_IDEMPOTENCY_SQL), {"older_than": older_than, "batch": batch}
-            ).rowcount
+        gone = _batch(engine, PRUNE_API_IDEMPOTENCY_SQL, params, total, lambda r: int(r.rowcount))
         removed += gone
         if gone < batch:
             return removed
+
+
+def _batch(
+    engine: Engine,
+    sql: str,
+    params: dict[str, Any],
+    total: Pruned,
+    read: Callable[[Any], _T],
+) -> _T:
+    """One batch statement, sent again after a transient failure for up to the documented
+    reconnect window (a restart, a refused connect). Safe to repeat: each batch selects
+    again what is due, whole or not at all, so a repeat after a commit whose reply was
+    lost removes the next batch, never a row twice or one it may not."""
+    attempts = 0
+
+    def attempt() -> _T:
+        nonlocal attempts
+        attempts += 1
+        with db.autocommit(engine) as conn:
+            return read(conn.execute(text(sql), params))
+
+    try:
+        return db.retry_transient(attempt)
+    except Exception as exc:
+        if not db.is_transient(exc):
+            raise
+        raise ServiceUnavailable(
+            f"prune: cannot reach PostgreSQL ({type(exc).__name__}); batches may have been "
+            "removed already (each is whole or nothing, and only what may go); run it "
+            "again to finish"
+        ) from exc
+    finally:
+        if attempts > 1:
+            total.unknown_batches += 1

@@ -63,6 +63,9 @@ class Fault:
     ``stall_reply``: a stall forwards the round trip at once and holds its reply instead.
     ``cut_all``: a refusal also cuts every open connection (a server restart), not only the
     one that carried the matching round trip.
+    ``stall_all``: a stall holds all the proxy's traffic, both ways, on every connection
+    (new ones included), not only this round trip: the whole server stops answering, as
+    when it is paused or a network path blackholes, with no connection closed.
     """
 
     kind: FaultKind
@@ -72,7 +75,9 @@ class Fault:
     seconds: float = 0.0
     stall_reply: bool = False
     cut_all: bool = False
+    stall_all: bool = False
     seen: int = 0
+    dropped: bytes = b""  # Redis: the replies a lost-reply fault kept from the client
     hit: RoundTrip | None = None
     hit_at: float | None = None
     fired: threading.Event = field(default_factory=threading.Event)
@@ -98,6 +103,7 @@ class Proxy:
         self._lock = threading.Lock()
         self._writers: set[asyncio.StreamWriter] = set()
         self._refusing_until = 0.0
+        self._frozen_until = 0.0  # a ``stall_all`` fault holds all traffic until then
         self.connections = 0
         self.refused = 0
         # Every round trip seen (text, phase, application), for tests choosing patterns.
@@ -219,9 +225,20 @@ class Proxy:
                 await self._close_all(listening=False)
             fault.fired.set()
             raise Cut
+        if fault.kind == STALL and fault.stall_all:
+            self._frozen_until = max(self._frozen_until, time.monotonic() + fault.seconds)
+            fault.fired.set()
+            await self.hold()
+            return
         if fault.kind == STALL and not fault.stall_reply:
             fault.fired.set()
             await asyncio.sleep(fault.seconds)
+
+    async def hold(self) -> None:
+        """Wait while a ``stall_all`` fault holds the traffic (called before forwarding
+        anything, either way)."""
+        while (left := self._frozen_until - time.monotonic()) > 0:
+            await asyncio.sleep(left)
 
 
 class Cut(Exception):

@@ -96,6 +96,7 @@ def command_fault(
     seconds: float = 0.0,
     stall_reply: bool = False,
     cut_all: bool = False,
+    stall_all: bool = False,
     label: str | None = None,
 ) -> Fault:
     """A fault on the ``nth`` batch holding command ``command`` (any case) whose arguments,
@@ -119,6 +120,7 @@ def command_fault(
         seconds=seconds,
         stall_reply=stall_reply,
         cut_all=cut_all,
+        stall_all=stall_all,
     )
 
 
@@ -171,6 +173,7 @@ class RedisProxy(Proxy):
             chunk = await creader.read(65536)
             if not chunk:
                 return
+            await self.hold()
             if passthrough.is_set():
                 swriter.write(chunk)
                 await swriter.drain()
@@ -187,6 +190,7 @@ class RedisProxy(Proxy):
                 pass
             if not commands:
                 continue
+            await self.hold()
             data = bytes(buf[:pos])
             del buf[:pos]
             rt = RoundTrip(_describe(commands), "redis", commands=tuple(commands))
@@ -213,6 +217,7 @@ class RedisProxy(Proxy):
             chunk = await sreader.read(65536)
             if not chunk:
                 return
+            await self.hold()
             if passthrough.is_set() and not waiting:
                 cwriter.write(bytes(buf) + chunk)
                 buf.clear()
@@ -234,7 +239,7 @@ class RedisProxy(Proxy):
                 batch.replies -= 1
                 fault = batch.fault
                 if fault is not None and fault.kind == LOSE_REPLY:
-                    pass  # dropped
+                    fault.dropped += buf[pos:end]  # dropped (kept for the evidence)
                 elif fault is not None and fault.kind == STALL and fault.stall_reply:
                     held += buf[pos:end]
                 else:

@@ -17,7 +17,10 @@ Promises checked for every cell (``check``):
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable
@@ -124,6 +127,15 @@ class RoundTripSpec:
     # submit (a job still queued is a backlog, never dispatched again): past the stale
     # window the sweeper's re-dispatch is the round trip under test.
     late_worker: bool = False
+    # Armed with the stack up and idle, and the turn submitted only once the fault has met
+    # its round trip (a worker's blocking wait for a job: the one that then moves the job).
+    fire_before_submit: bool = False
+    # An operator's round trip after the turn ran (``ACTIONS``): the action arms the fault
+    # itself, at the moment the round trip is due, and checks its own promises.
+    action: str | None = None
+    # Extra arguments of the turn's unkeyed write (needs_approval, doubt).
+    unkeyed_args: tuple[tuple[str, Any], ...] = ()
+    kinds: tuple[FaultKind, ...] = FAULTS
 
 
 def _redis(command: str, args: Callable[[Ids], str] | None = None, nth: int = 1) -> Any:
@@ -137,6 +149,24 @@ def _redis(command: str, args: Callable[[Ids], str] | None = None, nth: int = 1)
 
 def _take(kind: FaultKind, seconds: float, ids: Ids) -> Fault:
     return script_fault(kind, transport.TAKE_LUA, seconds=seconds, label="take script")
+
+
+# The operator commands' connections (ops/cli.py OPS_APPLICATION).
+OPS = "callgate-ops"
+APPROVER = "approver-f"
+RECONCILER = "reconciler-f"
+# A whole Redis that answers nothing for longer than the lease and the liveness TTL.
+REDIS_STALL_SECONDS = max(LEASE_SECONDS, transport.LIVENESS_TTL_SECONDS) + 3.0
+
+
+def _whole_redis_stall(kind: FaultKind, seconds: float, ids: Ids) -> Fault:
+    return command_fault(
+        STALL,
+        "BLMOVE",
+        seconds=REDIS_STALL_SECONDS,
+        stall_all=True,
+        label="BLMOVE, then all Redis traffic",
+    )
 
 
 ROUND_TRIPS: dict[str, RoundTripSpec] = {
@@ -221,6 +251,49 @@ ROUND_TRIPS: dict[str, RoundTripSpec] = {
         RoundTripSpec(
             "relay mark", "postgres", _pg(r"UPDATE callgate\.outbox SET published_at", RELAYER)
         ),
+        RoundTripSpec(
+            "take wait (BLMOVE)",
+            "redis",
+            _redis("BLMOVE", lambda ids: r"^rq:queue:"),
+            fire_before_submit=True,
+        ),
+        RoundTripSpec(
+            "approve",
+            "postgres",
+            _pg(r"SET state = 'approved', decided_by", OPS),
+            action="approve",
+            unkeyed_args=(("needs_approval", True),),
+        ),
+        RoundTripSpec(
+            "deny",
+            "postgres",
+            _pg(r"SET state = 'denied', decided_by", OPS),
+            action="deny",
+            unkeyed_args=(("needs_approval", True),),
+        ),
+        RoundTripSpec(
+            "reconcile resolve",
+            "postgres",
+            _pg(r"WITH settled AS", OPS),
+            action="reconcile",
+            unkeyed_args=(("doubt", True),),
+            handler_cannot_tell=True,
+        ),
+        RoundTripSpec(
+            "prune",
+            "postgres",
+            _pg(r"DELETE FROM callgate\.calls AS c USING doomed", OPS),
+            action="prune",
+            unkeyed_args=(("needs_approval", True),),
+        ),
+        RoundTripSpec(
+            "take (whole Redis stalled)",
+            "redis",
+            _whole_redis_stall,
+            action="redis_stall",
+            kinds=(STALL,),
+            hold_seconds=REDIS_STALL_SECONDS + 4.0,
+        ),
     ]
 }
 
@@ -230,6 +303,8 @@ FAST = (
     ("complete (keyed write)", LOSE_REPLY),
     ("relay publish", LOSE_REPLY),
     ("relay mark", CUT),
+    ("approve", LOSE_REPLY),
+    ("reconcile resolve", LOSE_REPLY),
 )
 
 
@@ -331,7 +406,12 @@ class Cell:
         try:
             if not self.spec.stack_after_submit:
                 self._start(stack, queue)
-            (self.pg if self.spec.server == "postgres" else self.redis).arm(fault)
+            if self.spec.action is None:
+                self._proxy.arm(fault)
+            if self.spec.fire_before_submit:
+                deadline = time.monotonic() + 15.0
+                while fault.hit is None and time.monotonic() < deadline:
+                    time.sleep(0.02)
             submit_errors = self._submit(producer, ids, result)
             if self.spec.stack_after_submit:
                 self._start(stack, queue)
@@ -350,6 +430,8 @@ class Cell:
                     time.sleep(max(0.0, fault.hit_at + seconds - time.monotonic()))
                 stack.start_worker("worker-1")
                 wait_for_workers(self.redis_url, queue, 1)
+            if self.spec.action is not None:
+                ACTIONS[self.spec.action](Op(self, env, producer, ids, fault, result))
             ended = self._wait_ended(ids)
             if fault.hit_at is not None:  # a stalled round trip may still land: let it
                 time.sleep(max(0.0, fault.hit_at + seconds + 1.0 - time.monotonic()))
@@ -367,14 +449,23 @@ class Cell:
             result.verdict = "BROKE"
         result.evidence["fault"] = fault.describe()
         result.evidence["hit"] = fault.hit.text[:80] if fault.hit else None
+        if fault.dropped:
+            result.evidence["reply_lost"] = fault.dropped[:120].decode("utf-8", "replace")
         return result
+
+    @property
+    def _proxy(self) -> PgProxy | RedisProxy:
+        return self.pg if self.spec.server == "postgres" else self.redis
 
     def _start(self, stack: Stack, queue: str) -> None:
         stack.__enter__()
         if stack.workers:
             wait_for_workers(self.redis_url, queue, stack.workers)
 
-    def _proposals(self, ids: Ids) -> list[dict[str, Any]]:
+    def _proposals(
+        self, ids: Ids, unkeyed_args: dict[str, Any] | None = None
+    ) -> list[dict[str, Any]]:
+        extra = dict(self.spec.unkeyed_args) if unkeyed_args is None else unkeyed_args
         return [
             {"call_id": "c-read", "tool_name": "fault_read", "arguments": {"n": 1}},
             {
@@ -385,11 +476,17 @@ class Cell:
             {
                 "call_id": ids.unkeyed_call,
                 "tool_name": "fault_unkeyed",
-                "arguments": {"note": ids.unkeyed_note},
+                "arguments": {"note": ids.unkeyed_note, **extra},
             },
         ]
 
-    def _submit(self, producer: Producer, ids: Ids, result: CellResult) -> list[CallgateError]:
+    def _submit(
+        self,
+        producer: Producer,
+        ids: Ids,
+        result: CellResult,
+        unkeyed_args: dict[str, Any] | None = None,
+    ) -> list[CallgateError]:
         """Submit as an application does: on an error, look whether the turn exists (the
         check), then submit again once unless the error says the turn is recorded. The
         repeat passes the submit key the error names (as docs/guarantees.md tells a caller
@@ -410,7 +507,7 @@ class Cell:
         for attempt in (1, 2):
             try:
                 producer.submit(
-                    self._proposals(ids),
+                    self._proposals(ids, unkeyed_args),
                     context,
                     operation_ids=operation_ids,
                     submit_key=submit_key,
@@ -453,11 +550,12 @@ class Cell:
             ids.request_id,
         )
 
-    def _wait_ended(self, ids: Ids) -> bool:
+    def _wait_ended(self, ids: Ids, *, settled: tuple[str, ...] = TERMINAL) -> bool:
+        """Whether every call of the turn reached one of ``settled`` in time."""
         deadline = time.monotonic() + END_WITHIN_SECONDS
         while time.monotonic() < deadline:
             calls = self._calls(ids)
-            if calls and all(c["state"] in TERMINAL for c in calls):
+            if calls and all(c["state"] in settled for c in calls):
                 return True
             time.sleep(0.25)
         return False
@@ -517,7 +615,358 @@ class Cell:
                     result.broken.append(
                         f"{where}: its write applied, but it ended {c['state']}/{c['code']}"
                     )
-            if c["operation_id"] not in ran and c["state"] == "failed_terminal":
+            if (
+                c["operation_id"] not in ran
+                and c["state"] == "failed_terminal"
+                and c["code"] != "approval_denied"  # a person's verdict: its true outcome
+            ):
                 result.broken.append(
                     f"{where}: never ran, but ended failed_terminal/{c['code']} (failed for good)"
                 )
+
+
+# --- operator round trips: approve, reconcile, prune; and a whole Redis stalled ------------
+
+
+@dataclass
+class Op:
+    """What an action needs of its cell."""
+
+    cell: Cell
+    env: dict[str, str]  # the processes' environment (through the proxies)
+    producer: Producer
+    ids: Ids
+    fault: Fault
+    result: CellResult
+
+    def cli(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """``callgate ARGS`` as an operator runs it, its traffic through the proxies."""
+        return subprocess.run(
+            [sys.executable, "-m", "callgate", *args],
+            env={**os.environ, **self.env},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+
+    def arm(self) -> None:
+        self.cell._proxy.arm(self.fault)
+
+    def one(self, sql: str, *params: Any) -> dict[str, Any] | None:
+        rows = self.cell._rows(sql, *params)
+        return rows[0] if rows else None
+
+    def count(self, sql: str, *params: Any) -> int:
+        row = self.cell._rows(sql, *params)[0]
+        return int(next(iter(row.values())))
+
+    def unkeyed(self, ids: Ids | None = None) -> dict[str, Any]:
+        ids = ids or self.ids
+        (call,) = [c for c in self.cell._calls(ids) if c["call_id"] == ids.unkeyed_call]
+        return call
+
+    def wait_unkeyed(self, states: tuple[str, ...], ids: Ids | None = None) -> dict[str, Any]:
+        deadline = time.monotonic() + END_WITHIN_SECONDS
+        while True:
+            found = [c for c in self.cell._calls(ids or self.ids) if c["state"] in states]
+            mine = [c for c in found if c["call_id"] == (ids or self.ids).unkeyed_call]
+            if mine or time.monotonic() > deadline:
+                break
+            time.sleep(0.25)
+        call = self.unkeyed(ids)
+        if call["state"] not in states:
+            raise AssertionError(f"the unkeyed write is {call['state']}, not one of {states}")
+        return call
+
+    def shown(self, proc: subprocess.CompletedProcess[str]) -> str:
+        return f"rc={proc.returncode} {(proc.stdout + proc.stderr).strip()[:300]}"
+
+
+def _says_maybe(output: str) -> bool:
+    """The command says its outcome is unknown (may have been recorded/applied)."""
+    return (
+        re.search(r"\b(may|might) have been (recorded|applied|removed|settled)", output) is not None
+    )
+
+
+def _approve(op: Op) -> None:
+    """Approve the turn's parked write as an operator: once under the fault, then again
+    (the operator's repeat). The decision is recorded once, the write runs once, the first
+    command's error (if any) says the decision may be recorded when it is, and the repeat
+    neither fails as if nothing happened nor resumes anything twice."""
+    _decide(op, "approve")
+
+
+def _deny(op: Op) -> None:
+    """Deny it instead: recorded once, the write never runs and ends ``approval_denied``."""
+    _decide(op, "deny")
+
+
+def _decide(op: Op, verb: str) -> None:
+    verdict, event = {"approve": ("approved", "approval_granted"),
+                      "deny": ("denied", "approval_denied")}[verb]  # fmt: skip
+    call = op.wait_unkeyed(("awaiting_approval",))
+    row = op.one("SELECT approval_id FROM callgate.calls WHERE id = %s", call["id"])
+    assert row is not None
+    approval_id = str(row["approval_id"])
+    who = ("approvals", verb, approval_id, "--by", APPROVER, "--tenant", "tenant-f")
+    op.arm()
+    first = op.cli(*who)
+    op.fault.wait(5.0)
+    decided = op.one(
+        "SELECT state, decided_by FROM callgate.approvals WHERE approval_id = %s", approval_id
+    )
+    op.result.evidence[f"{verb}_1"] = op.shown(first)
+    op.result.evidence["request_after_1"] = decided
+    recorded = decided is not None and decided["state"] == verdict
+    if first.returncode != 0 and recorded and not _says_maybe(first.stderr):
+        op.result.broken.append(
+            f"{verb} failed ({first.stderr.strip()[:160]!r}) without saying the decision may "
+            "be recorded, but it is"
+        )
+    if first.returncode == 0 and not recorded:
+        op.result.broken.append(f"{verb} succeeded, but the request is not {verdict}")
+    told = re.search(r"(\d+) call\(s\)", first.stdout)
+    if first.returncode == 0 and (told is None or int(told.group(1)) != 1):
+        op.result.broken.append(
+            f"{verb} said {first.stdout.strip()!r}, but it decided the one parked call"
+        )
+    second = op.cli(*who)
+    op.result.evidence[f"{verb}_2"] = op.shown(second)
+    if second.returncode != 0 and not re.search(rf"\bis {verdict}\b", second.stderr):
+        op.result.broken.append(
+            f"the repeated {verb} failed ({second.stderr.strip()[:160]!r}) without saying the "
+            f"request is {verdict}"
+        )
+    op.cell._wait_ended(op.ids)
+    decisions = op.count(
+        "SELECT count(*) FROM callgate.trace_events WHERE call_ref = %s AND event = %s",
+        call["id"],
+        event,
+    )
+    runs = op.count(
+        "SELECT count(*) FROM faults.runs WHERE operation_id = %s", call["operation_id"]
+    )
+    final = op.unkeyed()
+    op.result.evidence["decision"] = {"events": decisions, "runs": runs, "call": final["state"]}
+    if decisions != 1:
+        op.result.broken.append(f"the request was {verdict} {decisions} times ({event} events)")
+    expected = (
+        (1, "succeeded", None) if verb == "approve" else (0, "failed_terminal", "approval_denied")
+    )
+    if (runs, final["state"], final["code"]) != expected:
+        op.result.broken.append(
+            f"the {verdict} write ran {runs} time(s) and ended {final['state']}/{final['code']}"
+        )
+
+
+def _reconcile(op: Op) -> None:
+    """Resolve the turn's write that ended ``reconciliation_pending`` as an operator: once
+    under the fault, then again. The operation is resolved once (one audit event), the
+    first command's error says it may be resolved when it is, and the repeat is harmless."""
+    call = op.wait_unkeyed(("failed_terminal",))
+    operation = str(call["operation_id"])
+    if call["code"] != "reconciliation_pending":
+        op.result.broken.append(f"setup: the doubtful write ended {call['code']}")
+        return
+    who = ("reconcile", "resolve", operation, "--outcome", "succeeded", "--by", RECONCILER)
+    op.arm()
+    first = op.cli(*who)
+    op.fault.wait(5.0)
+    state = op.one(
+        "SELECT state, result #>> '{error,code}' AS code FROM callgate.operations"
+        " WHERE operation_id = %s",
+        operation,
+    )
+    op.result.evidence["resolve_1"] = op.shown(first)
+    op.result.evidence["operation_after_1"] = state
+    resolved = state is not None and state["state"] == "succeeded"
+    if first.returncode != 0 and resolved and not _says_maybe(first.stderr):
+        op.result.broken.append(
+            f"resolve failed ({first.stderr.strip()[:160]!r}) without saying the operation may "
+            "be resolved, but it is"
+        )
+    second = op.cli(*who)
+    op.result.evidence["resolve_2"] = op.shown(second)
+    if second.returncode != 0 and not re.search(r"\bis succeeded\b", second.stderr):
+        op.result.broken.append(
+            f"the repeated resolve failed ({second.stderr.strip()[:160]!r}) without saying the "
+            "operation is resolved"
+        )
+    audits = op.count(
+        "SELECT count(*) FROM callgate.trace_events WHERE operation_id = %s"
+        " AND event = 'reconciled'",
+        operation,
+    )
+    final = op.one("SELECT state FROM callgate.operations WHERE operation_id = %s", operation)
+    op.result.evidence["reconciled"] = {"audit_events": audits, "operation": final}
+    if audits != 1 or final is None or final["state"] != "succeeded":
+        op.result.broken.append(
+            f"the operation was resolved {audits} time(s) and is {final and final['state']}"
+        )
+
+
+def _prune(op: Op) -> None:
+    """Prune as an operator (``--older-than 1h``) under the fault, then again. History: this
+    cell's turn A (its write parked for approval: open), an older finished turn B (its write
+    in doubt: its operation awaits reconciliation) and a young finished turn C; A and B are
+    made two hours old (their ``created_at`` moved back: the window is what is tested, not
+    the clock). Only B's turn, calls, outbox and trace may go, never its operation awaiting
+    reconciliation, nothing of A or C; the repeat removes all of B. Then A is approved
+    and must still run to its end."""
+    op.wait_unkeyed(("awaiting_approval",))
+    older, young = Ids.new(), Ids.new()
+    for ids, extra in ((older, {"doubt": True}), (young, {})):
+        op.cell._submit(op.producer, ids, op.result, unkeyed_args=extra)
+        if not op.cell._wait_ended(ids):
+            op.result.broken.append(f"setup: turn {ids.tag} did not end")
+            return
+    b_op = str(op.unkeyed(older)["operation_id"])
+    op.cell._rows(
+        "UPDATE callgate.turns SET created_at = created_at - interval '2 hours'"
+        " WHERE request_id IN (%s, %s) RETURNING 1",
+        op.ids.request_id,
+        older.request_id,
+    )
+
+    def rows(ids: Ids) -> dict[str, int]:
+        turn = "(SELECT turn_id FROM callgate.turns WHERE request_id = %s)"
+        return {
+            "turns": op.count(
+                "SELECT count(*) FROM callgate.turns WHERE request_id = %s", ids.request_id
+            ),
+            "calls": op.count(
+                f"SELECT count(*) FROM callgate.calls WHERE turn_id IN {turn}", ids.request_id
+            ),
+            "outbox": op.count(
+                f"SELECT count(*) FROM callgate.outbox WHERE turn_id IN {turn}", ids.request_id
+            ),
+            "trace": op.count(
+                f"SELECT count(*) FROM callgate.trace_events WHERE turn_id IN {turn}",
+                ids.request_id,
+            ),
+        }
+
+    before = {"A": rows(op.ids), "B": rows(older), "C": rows(young)}
+    op.arm()
+    first = op.cli("prune", "--older-than", "1h", "--json")
+    op.fault.wait(5.0)
+    after_1 = {"A": rows(op.ids), "B": rows(older), "C": rows(young)}
+    second = op.cli("prune", "--older-than", "1h", "--json")
+    after_2 = {"A": rows(op.ids), "B": rows(older), "C": rows(young)}
+    b_kept = op.count("SELECT count(*) FROM callgate.operations WHERE operation_id = %s", b_op)
+    op.result.evidence["prune"] = {
+        "before": before,
+        "after_1": after_1,
+        "after_2": after_2,
+        "run_1": op.shown(first),
+        "run_2": op.shown(second),
+        "b_operation_kept": b_kept,
+    }
+    removed = before["B"]["turns"] - after_1["B"]["turns"]
+    if first.returncode != 0 and removed and not _says_maybe(first.stderr):
+        op.result.broken.append(
+            f"prune failed ({first.stderr.strip()[:160]!r}) without saying rows may have been "
+            f"removed, but it removed {removed} turn(s)"
+        )
+    if first.returncode == 0:
+        told = json.loads(first.stdout)
+        if told["turns"] < removed and not told.get("unknown_batches"):
+            op.result.broken.append(
+                f"prune said it removed {told['turns']} turn(s) (and no batch of unknown "
+                f"outcome), but it removed {removed}"
+            )
+    for name, after in (("the faulted prune", after_1), ("the repeat", after_2)):
+        for turn in ("A", "C"):
+            if after[turn] != before[turn]:
+                op.result.broken.append(
+                    f"{name} removed rows of turn {turn} (open or young): "
+                    f"{before[turn]} -> {after[turn]}"
+                )
+    if any(after_2["B"].values()):
+        op.result.broken.append(f"the repeat left rows of the old finished turn: {after_2['B']}")
+    if before["B"]["turns"] != 1 or before["B"]["calls"] != 3:
+        op.result.broken.append(f"setup: turn B was not whole before the prune: {before['B']}")
+    if b_kept != 1:
+        op.result.broken.append("the prune removed an operation awaiting reconciliation")
+    if second.returncode != 0:
+        op.result.broken.append(f"the repeated prune failed: {second.stderr.strip()[:160]!r}")
+    approval = op.one("SELECT approval_id FROM callgate.calls WHERE id = %s", op.unkeyed()["id"])
+    assert approval is not None
+    done = op.cli(
+        "approvals", "approve", str(approval["approval_id"]), "--by", APPROVER,
+        "--tenant", "tenant-f",
+    )  # fmt: skip
+    if done.returncode != 0:
+        op.result.broken.append(f"after the prune, approving turn A failed: {op.shown(done)}")
+
+
+def _redis_stall(op: Op) -> None:
+    """The whole Redis stops answering (every connection held, none closed) for longer than
+    the lease and the liveness TTL, from a worker's wait for a job, while that worker runs
+    the keyed write (its handler holds past the stall). The worker's lease on it must stay
+    renewed in Postgres throughout (no takeover: one run, one fence), and the worker,
+    relayer and sweeper must go on once Redis answers: the turn ends and every result is
+    published."""
+    deadline = time.monotonic() + END_WITHIN_SECONDS
+    keyed: dict[str, Any] | None = None
+    while time.monotonic() < deadline:
+        keyed = next((c for c in op.cell._calls(op.ids) if c["call_id"] == op.ids.keyed_call), None)
+        if keyed is not None and keyed["state"] == "started":
+            break
+        time.sleep(0.1)
+    assert keyed is not None and keyed["state"] == "started", keyed
+    op.arm()
+    if not op.fault.wait(15.0):
+        return
+    lowest: float | None = None
+    generations: set[int] = set()
+    stalled_until = (op.fault.hit_at or time.monotonic()) + REDIS_STALL_SECONDS
+    while time.monotonic() < stalled_until + 1.0:
+        row = op.one(
+            "SELECT generation, extract(epoch FROM lease_expires_at - now()) AS left"
+            " FROM callgate.operations WHERE operation_id = %s",
+            op.ids.keyed_op,
+        )
+        if row is not None and row["left"] is not None:
+            left = float(row["left"])
+            lowest = left if lowest is None else min(lowest, left)
+            generations.add(int(row["generation"]))
+        time.sleep(0.2)
+    op.cell._wait_ended(op.ids)
+    runs = op.count("SELECT count(*) FROM faults.runs WHERE operation_id = %s", op.ids.keyed_op)
+    unpublished = op.count(
+        "SELECT count(*) FROM callgate.outbox o JOIN callgate.turns t USING (turn_id)"
+        " WHERE t.request_id = %s AND o.published_at IS NULL",
+        op.ids.request_id,
+    )
+    op.result.evidence["redis_stall"] = {
+        "stall_seconds": REDIS_STALL_SECONDS,
+        "lowest_lease_left": None if lowest is None else round(lowest, 2),
+        "generations": sorted(generations),
+        "keyed_runs": runs,
+        "unpublished_after": unpublished,
+    }
+    if lowest is None or lowest <= 0:
+        op.result.broken.append(
+            f"the keyed write's lease was not kept renewed while Redis stalled "
+            f"(lowest time left {lowest})"
+        )
+    if len(generations) > 1 or runs != 1:
+        op.result.broken.append(
+            f"the keyed write was taken over (generations {sorted(generations)}, {runs} runs)"
+        )
+    if unpublished:
+        op.result.broken.append(f"{unpublished} result(s) never published after Redis answered")
+    if op.fault.kind != STALL:
+        op.result.broken.append("this cell only stalls")
+
+
+ACTIONS: dict[str, Callable[[Op], None]] = {
+    "approve": _approve,
+    "deny": _deny,
+    "reconcile": _reconcile,
+    "prune": _prune,
+    "redis_stall": _redis_stall,
+}

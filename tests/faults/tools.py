@@ -4,9 +4,11 @@ downstream's own tables (schema ``faults``), so a test counts effects, never tru
 - ``fault_read(n)``: a read; records its run.
 - ``fault_keyed(note, hold_seconds)``: a write whose downstream honours idempotency keys (one
   effect per key; a repeat is a replay).
-- ``fault_unkeyed(note, hold_seconds)``: a write whose downstream takes no key: every run
-  that reaches it is a new effect. Nothing but callgate stands between a duplicate delivery
-  and a second effect.
+- ``fault_unkeyed(note, hold_seconds, needs_approval, doubt)``: a write whose downstream
+  takes no key: every run that reaches it is a new effect. Nothing but callgate stands
+  between a duplicate delivery and a second effect. ``needs_approval`` parks it for a
+  person's approval; ``doubt`` makes the handler fail after its effect, so the call ends
+  ``reconciliation_pending``.
 
 The handlers connect to ``CALLGATE_DOWNSTREAM_DATABASE_URL`` (else the gate's database) as
 application ``faults-downstream``, so a proxy can fault the downstream write itself.
@@ -67,6 +69,11 @@ class WriteArgs(BaseModel):
     note: str = Field(max_length=200)
     # Keeps the handler running (after its effect) so the lease is renewed meanwhile.
     hold_seconds: float = Field(default=0.0, ge=0, le=30)
+    # The risk policy asks a person to approve it first (the approve cells).
+    needs_approval: bool = False
+    # After its effect, the handler fails without saying whether the write applied: an
+    # unkeyed write then ends ``reconciliation_pending`` (the reconcile cells).
+    doubt: bool = False
 
 
 def _downstream() -> psycopg.Connection[Any]:
@@ -121,9 +128,15 @@ def fault_unkeyed(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
             " VALUES ('fault_unkeyed', %s, %s)",
             (ctx.operation_id, args.note),
         )
+    if args.doubt:
+        raise RuntimeError("the downstream's answer could not be read")
     ctx.report_effect(applied=True)
     time.sleep(args.hold_seconds)
     return {"note": args.note}
+
+
+def _risk(args: Any, facts: Any, principal: Any) -> dict[str, Any] | None:
+    return {"action": "fault_unkeyed", "note": args.note} if args.needs_approval else None
 
 
 IRREVERSIBLE = SideEffect(idempotent=False, reversible=False)
@@ -137,6 +150,6 @@ def registry() -> Registry:
              "write", fault_keyed, effect=IRREVERSIBLE,
              downstream=Downstream(idempotency_keys=True)),
         Tool("fault_unkeyed", "A write; its downstream takes no idempotency key.", WriteArgs,
-             "write", fault_unkeyed, effect=IRREVERSIBLE),
+             "write", fault_unkeyed, effect=IRREVERSIBLE, risk=_risk),
     ]  # fmt: skip
     return Registry.of(tools, {"support": TOOLS})
