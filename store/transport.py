@@ -44,6 +44,19 @@ def connect(url: str) -> redis.Redis:
         ) from None
 
 
+def own_client(shared: redis.Redis, *, socket_timeout: float) -> redis.Redis:
+    """A client of the same server as ``shared``, on a small pool of its own whose reads
+    give up after ``socket_timeout`` (the shared pool's may wait for minutes: RQ's worker
+    raises them to its job timeout)."""
+    pool = shared.connection_pool
+    kwargs = {**pool.connection_kwargs, "socket_timeout": socket_timeout}
+    return redis.Redis(
+        connection_pool=redis.ConnectionPool(
+            connection_class=pool.connection_class, max_connections=2, **kwargs
+        )
+    )
+
+
 def results_stream(queue: str, turn_id: uuid.UUID | str) -> str:
     return f"callgate:{queue}:results:{turn_id}"
 

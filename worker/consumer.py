@@ -280,7 +280,7 @@ class Liveness:
     consumer's loop would stall whenever every slot is busy)."""
 
     def __init__(self, rt: Runtime, name: str) -> None:
-        self.redis = rt.redis
+        self.redis = transport.own_client(rt.redis, socket_timeout=LIVENESS_SOCKET_TIMEOUT_SECONDS)
         self.name = name
         self.queue = rt.settings.queue
         self._stop = threading.Event()
@@ -335,6 +335,14 @@ class Liveness:
             left = pipe.execute()[-1]
         if left == 0:
             self.redis.srem(transport.workers_key(self.queue), self.name)
+        self.redis.connection_pool.disconnect()
+
+
+# A beat that waits on Redis longer than this gives up and beats again: the shared pool's
+# reads may wait minutes (RQ's worker raises its socket timeout to the job timeout), and a
+# liveness thread blocked on a stalled Redis would let its key expire long after Redis came
+# back, so sweepers would take a live worker for a dead one.
+LIVENESS_SOCKET_TIMEOUT_SECONDS = 2.0
 
 
 def _name(exc: BaseException) -> str:
