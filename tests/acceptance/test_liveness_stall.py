@@ -7,6 +7,7 @@ process whose Redis traffic passes through the fault proxy; one liveness beat is
 from __future__ import annotations
 
 import time
+
 import redis as redis_lib
 
 from callgate.ops.stack import Stack, wait_for_workers
