@@ -13,10 +13,7 @@ import redis as redis_lib
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.store import transport
 from tests.faults.core import STALL
-from tests.faults.fixtures import redis_proxy
 from tests.faults.redisproxy import RedisProxy, command_fault
-
-__all__ = ["redis_proxy"]  # a fixture
 
 HELD_SECONDS = 30.0
 

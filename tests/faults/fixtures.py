@@ -1,7 +1,6 @@
-"""Fixtures for fault tests; import them explicitly into a test module:
-
-from tests.faults.fixtures import pg_proxy, redis_proxy  # noqa: F401
-"""
+"""Fixtures for fault tests (``pg_proxy``, ``redis_proxy``) and the fault matrix's summary;
+tests/conftest.py registers this module as a plugin, so every test can ask for them by name
+(never import it: pytest must rewrite it first)."""
 
 from __future__ import annotations
 

@@ -18,8 +18,6 @@ from tests.faults.core import FaultKind
 from tests.faults.pgproxy import PgProxy
 from tests.faults.redisproxy import RedisProxy
 
-pytest_plugins = ["tests.faults.fixtures"]
-
 pytestmark = pytest.mark.timeout(240)
 
 

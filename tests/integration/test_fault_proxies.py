@@ -15,8 +15,6 @@ from tests.faults.core import CUT, LOSE_REPLY, REFUSE, STALL
 from tests.faults.pgproxy import PgProxy, sql_fault
 from tests.faults.redisproxy import RedisProxy, command_fault, script_fault
 
-pytest_plugins = ["tests.faults.fixtures"]
-
 
 @pytest.fixture
 def table(make_database: Callable[..., str]) -> str:

@@ -18,8 +18,6 @@ import pytest
 
 from tests.faults.pgproxy import PgProxy
 
-pytest_plugins = ["tests.faults.fixtures"]
-
 pytestmark = pytest.mark.timeout(120)
 
 

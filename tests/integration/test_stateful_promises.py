@@ -38,8 +38,6 @@ from tests.faults import tools
 from tests.faults.core import CUT, LOSE_REPLY, REFUSE
 from tests.faults.pgproxy import PgProxy, sql_fault
 
-pytest_plugins = ["tests.faults.fixtures"]
-
 LEASE = 0.4
 APP = "stateful-store"
 CONTEXT = CallContext(request_id="req-sm", tenant_id="tenant-s", user_id="user-s", roles=("w",))
