@@ -1,9 +1,10 @@
 """The fault matrix: every round trip on a call's path × every wire fault, through real
 worker, relayer and sweeper processes (tests/faults/sweep.py says what each cell checks).
 
-The default run takes a few cells that hold today (``sweep.FAST``); ``-m slow`` the whole
-matrix. The matrix is printed at the end of the run (tests/faults/fixtures.py) and written
-to ``<basetemp>/fault-matrix.md`` with each cell's evidence.
+The default run takes a few cells (``sweep.FAST``); ``-m slow`` the whole matrix, marked
+``sweep`` too so CI's slow tier can leave it out (about 20 minutes on an idle machine). The
+matrix is printed at the end of the run (tests/faults/fixtures.py) and written to
+``<basetemp>/fault-matrix.md`` with each cell's evidence.
 """
 
 from __future__ import annotations
@@ -26,7 +27,11 @@ def _cells() -> list[object]:
     cells: list[object] = []
     for name, spec in sweep.ROUND_TRIPS.items():
         for kind in spec.kinds:
-            cells.append(pytest.param(name, kind, marks=pytest.mark.slow, id=f"{name}|{kind}"))
+            cells.append(
+                pytest.param(
+                    name, kind, marks=[pytest.mark.slow, pytest.mark.sweep], id=f"{name}|{kind}"
+                )
+            )
             if (name, kind) in sweep.FAST:
                 cells.append(pytest.param(name, kind, id=f"fast:{name}|{kind}"))
     return cells
