@@ -230,15 +230,16 @@ def machine(world: World) -> type[RuleBasedStateMachine]:
             started = time.monotonic()
             try:
                 with db.raw_autocommit(world.store) as conn:
-                    renewed = reservations.renew_many(conn, [(o.lease, LEASE) for o in live])
+                    held = reservations.renew_many(conn, [(o.lease, LEASE) for o in live])
             except Exception:
                 return
             for o in live:
                 lease = o.lease
-                if (lease.operation_id, lease.owner_token, lease.generation) not in renewed:
-                    o.alive = False  # lost its lease: a worker stops counting on it
-                else:
+                key = (lease.operation_id, lease.owner_token, lease.generation)
+                if key in held.renewed:
                     o.deadline = started + LEASE
+                elif key not in held.busy:
+                    o.alive = False  # lost its lease: a worker stops counting on it
 
         @rule(pick=PICK)
         def die(self, pick: int) -> None:
