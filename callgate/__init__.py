@@ -17,9 +17,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from callgate.producer.async_producer import AsyncProducer
-    from callgate.producer.producer import Collected, Producer
-    from callgate.store.errors import (
+    from callgate.core.errors import (
         ApprovalError,
         CallgateError,
         ConfigurationError,
@@ -31,7 +29,7 @@ if TYPE_CHECKING:
         ToolError,
         UnknownTurn,
     )
-    from callgate.store.types import (
+    from callgate.core.types import (
         AppError,
         CallContext,
         CorrelatedResult,
@@ -43,8 +41,10 @@ if TYPE_CHECKING:
         Turn,
         TurnCall,
     )
-    from callgate.worker.decorator import tool
-    from callgate.worker.registry import (
+    from callgate.producer.async_producer import AsyncProducer
+    from callgate.producer.producer import Collected, Producer
+    from callgate.tools.decorator import tool
+    from callgate.tools.registry import (
         READ_ONLY,
         Downstream,
         ExecutionContext,
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 _HOMES = {
     "callgate.producer.async_producer": ("AsyncProducer",),
     "callgate.producer.producer": ("Collected", "Producer"),
-    "callgate.store.errors": (
+    "callgate.core.errors": (
         "ApprovalError",
         "CallgateError",
         "ConfigurationError",
@@ -71,7 +71,7 @@ _HOMES = {
         "ToolError",
         "UnknownTurn",
     ),
-    "callgate.store.types": (
+    "callgate.core.types": (
         "AppError",
         "CallContext",
         "CorrelatedResult",
@@ -83,8 +83,8 @@ _HOMES = {
         "Turn",
         "TurnCall",
     ),
-    "callgate.worker.decorator": ("tool",),
-    "callgate.worker.registry": (
+    "callgate.tools.decorator": ("tool",),
+    "callgate.tools.registry": (
         "READ_ONLY",
         "Downstream",
         "ExecutionContext",

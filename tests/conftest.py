@@ -18,8 +18,8 @@ import pytest
 import redis
 from sqlalchemy import Engine
 
+from callgate.ops.lab.demo import downstream
 from callgate.store import db, migrate
-from callgate.worker.demo import downstream
 
 # The fault proxies' fixtures (pg_proxy, redis_proxy) and the fault matrix's summary, for
 # every test module: registered once here, so no module imports them before pytest can
@@ -116,5 +116,5 @@ def service_env(database_url: str, redis_url: str, queue_name: str) -> dict[str,
         "CALLGATE_REDIS_URL": redis_url,
         "CALLGATE_QUEUE": queue_name,
         # Named explicitly: no process falls back to the demo tools on its own.
-        "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
+        "CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry",
     }

@@ -15,10 +15,10 @@ import httpx
 import pytest
 from sqlalchemy import Engine
 
-from callgate.ops.chaos.services import free_port
+from callgate.ops.lab.chaos.services import free_port
 from callgate.store import db
 
-DEMO = "callgate.worker.demo.tools:demo_registry"
+DEMO = "callgate.ops.lab.demo.tools:demo_registry"
 
 
 @dataclass

@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
-from callgate.store.settings import Settings
 
 SUPPORT_A = {
     "request_id": "req-t",

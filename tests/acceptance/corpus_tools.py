@@ -18,8 +18,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from callgate.store.errors import ErrorCode, ToolError
-from callgate.worker.registry import READ_ONLY, ExecutionContext, Facts, Principal, Registry, Tool
+from callgate.core.errors import ErrorCode, ToolError
+from callgate.tools.registry import READ_ONLY, ExecutionContext, Facts, Principal, Registry, Tool
 from tests.redaction_corpus import build
 
 CORPUS = build()

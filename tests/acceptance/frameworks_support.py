@@ -17,9 +17,10 @@ import pytest
 from sqlalchemy import Engine
 
 from callgate import AsyncProducer
+from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
-from callgate.store import approvals, transport
-from callgate.store.settings import Settings
+from callgate.queue import transport
+from callgate.store import approvals
 from tests.acceptance.conftest import scalar, wait_until
 
 T = TypeVar("T")

@@ -36,9 +36,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from sqlalchemy import text
 from sqlalchemy.exc import OperationalError
 
-from callgate.store.errors import ErrorCode, StaleFence, ToolError
-from callgate.worker.demo.tools import DemoServices, demo_registry
-from callgate.worker.registry import (
+from callgate.core.errors import ErrorCode, StaleFence, ToolError
+from callgate.ops.lab.demo.tools import DemoServices, demo_registry
+from callgate.tools.registry import (
     READ_ONLY,
     Downstream,
     ExecutionContext,

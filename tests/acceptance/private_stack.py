@@ -12,10 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
+from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
-from callgate.store import db, transport
-from callgate.store.settings import Settings
+from callgate.queue import transport
+from callgate.store import db
 from tests.acceptance import legacy_tools
 from tests.acceptance.conftest import SUPPORT_A, scalar
 from tests.acceptance.processes import PrivateRedis

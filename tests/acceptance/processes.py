@@ -14,7 +14,7 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
-from callgate.ops.chaos.services import OwnedRedis
+from callgate.ops.lab.chaos.services import OwnedRedis
 
 
 class PrivateRedis(OwnedRedis):

@@ -48,7 +48,7 @@ def served(make_own_database: Callable[[], str], redis_url: str) -> Iterator[tup
         "CALLGATE_DATABASE_URL": make_own_database(),
         "CALLGATE_REDIS_URL": redis_url,
         "CALLGATE_QUEUE": f"t-schema-{uuid.uuid4().hex[:8]}",
-        "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
+        "CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry",
         "CALLGATE_API_MAX_WAIT": "0.5",
     }
     key = make_key(env, "tenant-a", "user-5", "support", "approver", rate=1000, burst=1000)
@@ -68,9 +68,9 @@ def api_schema(served: tuple[ApiServer, str]) -> Any:
 def _labels() -> list[str]:
     """The operations of the document (built in-process, without services, only to name
     the tests; the test itself reads the one the server serves)."""
-    from callgate.producer.http.app import create_app
-    from callgate.producer.http.settings import ApiSettings
-    from callgate.store.settings import Settings
+    from callgate.core.settings import Settings
+    from callgate.ops.http.app import create_app
+    from callgate.ops.http.settings import ApiSettings
 
     doc = create_app(Settings.from_env({}), ApiSettings()).openapi()
     return [f"{m.upper()} {path}" for path, ops in doc["paths"].items() for m in ops]

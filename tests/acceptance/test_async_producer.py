@@ -11,10 +11,10 @@ import pytest
 from sqlalchemy import Engine, text
 
 from callgate import AsyncProducer, Producer
+from callgate.core.errors import ErrorCode, InputError, UnknownTurn
+from callgate.core.settings import Settings
 from callgate.ops.stack import Stack
-from callgate.store import transport
-from callgate.store.errors import ErrorCode, InputError, UnknownTurn
-from callgate.store.settings import Settings
+from callgate.queue import transport
 from tests.acceptance.conftest import SUPPORT_A
 
 READS = [

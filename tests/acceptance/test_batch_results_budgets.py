@@ -9,10 +9,10 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from callgate.core.settings import Settings
+from callgate.ops.lab.demo.downstream import INJECTION_EMAIL, MAILBOX, POLICY_EMAILS
 from callgate.producer import Producer
-from callgate.store import transport
-from callgate.store.settings import Settings
-from callgate.worker.demo.downstream import INJECTION_EMAIL, MAILBOX, POLICY_EMAILS
+from callgate.queue import transport
 from tests.acceptance.conftest import (
     SUPPORT_A,
     callgate,

@@ -13,9 +13,9 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import Engine, text
 
+from callgate.core.types import Turn
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
-from callgate.store.types import Turn
 from tests.acceptance.conftest import SUPPORT_A, wait_until
 from tests.acceptance.private_stack import database_url, env, make_producer
 from tests.acceptance.processes import PrivateRedis, private_redis, terminate_backends

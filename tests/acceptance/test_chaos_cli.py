@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 
-from callgate.ops.chaos import faults, runner, scenario
-from callgate.ops.chaos.cli import chaos_command
-from callgate.store.errors import InputError
+from callgate.core.errors import InputError
+from callgate.ops.lab.chaos import faults, runner, scenario
+from callgate.ops.lab.chaos.cli import chaos_command
 from tests.acceptance.test_chaos_runner import chaos
 
 

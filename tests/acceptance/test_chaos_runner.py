@@ -1,5 +1,5 @@
 """``callgate chaos``: each catalogue scenario run through the runner as a user runs it
-(``python -m callgate.ops.chaos NAME --json``), with real worker, relayer and sweeper
+(``python -m callgate.ops.lab.chaos NAME --json``), with real worker, relayer and sweeper
 processes, asserting the numbers the runner read from the scenario's database."""
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def chaos(
     if embedded:
         del env["CALLGATE_DATABASE_URL"], env["CALLGATE_REDIS_URL"]
     return subprocess.run(
-        [sys.executable, "-m", "callgate.ops.chaos", *args],
+        [sys.executable, "-m", "callgate.ops.lab.chaos", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -18,8 +18,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from sqlalchemy import Engine, text
 
+from callgate.core.errors import CallgateError, ErrorCode
 from callgate.producer import Producer
-from callgate.store.errors import CallgateError, ErrorCode
 from tests import hostile
 from tests.acceptance.conftest import SUPPORT_A, callgate
 

@@ -23,7 +23,7 @@ import httpx
 import pytest
 from sqlalchemy import Engine, text
 
-from callgate.worker.demo import downstream
+from callgate.ops.lab.demo import downstream
 from tests.acceptance.api_server import ApiServer, api, engine, env, make_key, running
 from tests.acceptance.conftest import REFUND_O17, effects_for, scalar
 

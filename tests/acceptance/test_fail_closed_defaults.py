@@ -89,7 +89,7 @@ def test_no_registry_configured_is_one_clear_line(service_env, tmp_path: Path, c
     assert "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("callgate: invalid_configuration: ")
-    assert "CALLGATE_TOOLS" in line and "callgate.worker.demo.tools:demo_registry" in line
+    assert "CALLGATE_TOOLS" in line and "callgate.ops.lab.demo.tools:demo_registry" in line
     if command[0] == "submit":
         # Refused before anything was recorded.
         assert "turn" not in proc.stdout

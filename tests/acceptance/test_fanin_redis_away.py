@@ -16,10 +16,10 @@ import redis
 import redis.asyncio
 
 from callgate import AsyncProducer, Producer
+from callgate.core.settings import Settings
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.ops.stack import Stack
 from callgate.store import db
-from callgate.store.settings import Settings
-from callgate.worker.demo.tools import demo_registry
 from tests.acceptance.conftest import SUPPORT_A
 
 READS = [

@@ -21,10 +21,10 @@ from langgraph.types import Command
 from sqlalchemy import Engine
 
 from callgate import AsyncProducer
+from callgate.core.errors import CallgateError
 from callgate.ops.stack import Stack
 from callgate.producer.frameworks import executor
 from callgate.producer.frameworks.langgraph import CallgateToolNode
-from callgate.store.errors import CallgateError
 from tests.acceptance.conftest import scalar
 from tests.acceptance.frameworks_support import (
     CRASH_GAP,

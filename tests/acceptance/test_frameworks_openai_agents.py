@@ -16,9 +16,9 @@ from agents.testing import ScriptedModel, assistant_message, function_call
 from sqlalchemy import Engine
 
 from callgate import AsyncProducer
+from callgate.core.errors import InputError
 from callgate.ops.stack import Stack
 from callgate.producer.frameworks.openai_agents import AgentsGate
-from callgate.store.errors import InputError
 from tests.acceptance.frameworks_support import (
     CRASH_GAP,
     approve,

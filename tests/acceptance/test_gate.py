@@ -15,12 +15,13 @@ from typing import Any
 
 from sqlalchemy import Engine, text
 
+from callgate.ops.lab.demo import downstream
+from callgate.ops.lab.demo.tools import DEFAULT_APPROVAL_AMOUNT, DemoServices, demo_registry
 from callgate.producer import Producer
-from callgate.store import approvals, transport
-from callgate.worker.demo import downstream
-from callgate.worker.demo.tools import DEFAULT_APPROVAL_AMOUNT, DemoServices, demo_registry
-from callgate.worker.intent import idempotency_key, intent_hash
-from callgate.worker.registry import Principal
+from callgate.queue import transport
+from callgate.store import approvals
+from callgate.tools.intent import idempotency_key, intent_hash
+from callgate.tools.registry import Principal
 from tests.acceptance.conftest import (
     SUPPORT_A,
     call_row,
@@ -391,7 +392,7 @@ def producer_env(producer: Producer) -> dict[str, str]:
         "CALLGATE_DATABASE_URL": s.require_database(),
         "CALLGATE_REDIS_URL": s.require_redis(),
         "CALLGATE_QUEUE": s.queue,
-        "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
+        "CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry",
     }
 
 

@@ -11,7 +11,7 @@ import time
 import redis as redis_lib
 
 from callgate.ops.stack import Stack, wait_for_workers
-from callgate.store import transport
+from callgate.queue import transport
 from tests.faults.core import STALL
 from tests.faults.redisproxy import RedisProxy, command_fault
 

@@ -35,7 +35,7 @@ def gw_env(world: World, make_own_database: Callable[[], str], redis_url: str) -
         "CALLGATE_DATABASE_URL": make_own_database(),
         "CALLGATE_REDIS_URL": redis_url,
         "CALLGATE_QUEUE": f"t-gw-{uuid.uuid4().hex[:8]}",
-        "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
+        "CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry",
         "CALLGATE_MCP_CONFIG": str(world.config),
     }
 

@@ -30,7 +30,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from sqlalchemy import Engine
 
-from callgate.ops.chaos.services import free_port
+from callgate.ops.lab.chaos.services import free_port
 from callgate.ops.stack import Stack, wait_for_workers
 from tests.acceptance.api_server import engine, env, make_key
 from tests.acceptance.conftest import callgate, scalar

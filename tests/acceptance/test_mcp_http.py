@@ -19,11 +19,12 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
 from mcp.shared.exceptions import MCPError
 
-from callgate.ops.chaos.services import free_port
-from callgate.store.settings import Settings
-from callgate.worker import aio, registry
+from callgate.core.settings import Settings
+from callgate.ops.lab.chaos.services import free_port
+from callgate.tools import registry
+from callgate.tools.registry import ExecutionContext
+from callgate.worker import aio
 from callgate.worker.mcp import hub
-from callgate.worker.registry import ExecutionContext
 from tests.acceptance.mcp_world import HERE
 
 
@@ -74,7 +75,7 @@ def test_an_http_server_s_tools_are_discovered_and_called(
     )
     settings = Settings.from_env(
         {
-            "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
+            "CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry",
             "CALLGATE_MCP_CONFIG": str(config),
         }
     )

@@ -20,10 +20,10 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
 from callgate.store import db, mcp_catalog
-from callgate.store.settings import Settings
 from tests.acceptance.conftest import call_row, callgate, trace_events, wait_until
 from tests.acceptance.mcp_world import SUPPORT, World, call_id, make_world
 
@@ -43,7 +43,7 @@ def mcp_env(world: World, make_own_database: Callable[[], str], redis_url: str) 
         "CALLGATE_DATABASE_URL": make_own_database(),
         "CALLGATE_REDIS_URL": redis_url,
         "CALLGATE_QUEUE": f"t-mcp-{uuid.uuid4().hex[:8]}",
-        "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
+        "CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry",
         "CALLGATE_MCP_CONFIG": str(world.config),
         "CALLGATE_LOG_LEVEL": "INFO",
         "CALLGATE_LOG_FORMAT": "json",

@@ -17,9 +17,9 @@ import yaml
 from click.testing import CliRunner
 from prometheus_client import REGISTRY
 
+from callgate.core.settings import Settings
+from callgate.observe import gauges, metrics
 from callgate.ops.cli import cli
-from callgate.store import gauges, metrics
-from callgate.store.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
 PROM = REPO / "ops" / "prometheus"

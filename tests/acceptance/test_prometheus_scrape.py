@@ -27,10 +27,10 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import Engine
 
+from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
-from callgate.store import transport
-from callgate.store.settings import Settings
+from callgate.queue import transport
 from tests.acceptance.conftest import REFUND_O17, SUPPORT_A, scalar, wait_until
 from tests.acceptance.prometheus_server import Prometheus, free_port_block
 

@@ -10,8 +10,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import Engine
 
+from callgate.core.errors import CallgateError, ErrorCode
 from callgate.producer import Producer
-from callgate.store.errors import CallgateError, ErrorCode
 from tests.acceptance.conftest import SUPPORT_A, scalar
 
 TOOLS = ["get_news", "get_weather", "get_stock", "send_email", "refund_payment", "no_such_tool"]

@@ -22,11 +22,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
 from callgate.producer.adapters import SURFACES
-from callgate.store import transport
-from callgate.store.settings import Settings
+from callgate.queue import transport
 from tests.acceptance.conftest import SUPPORT_A, callgate
 from tests.acceptance.corpus_tools import CORPUS
 from tests.redaction_corpus import Plant

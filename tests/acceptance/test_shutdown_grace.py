@@ -9,7 +9,7 @@ import time
 
 from sqlalchemy import Engine
 
-from callgate.store import transport
+from callgate.queue import transport
 from tests.acceptance.conftest import effects_for, requests_for, scalar, wait_until
 from tests.acceptance.private_stack import (
     database_url,

@@ -16,7 +16,7 @@ from sqlalchemy import Engine
 
 from callgate.producer import Producer
 from callgate.producer.fanin import FanIn
-from callgate.store import transport
+from callgate.queue import transport
 from tests.acceptance.conftest import (
     REFUND_O17,
     SUPPORT_A,

@@ -11,12 +11,13 @@ from urllib.parse import urlsplit
 import pytest
 from sqlalchemy import Engine, text
 
+from callgate.core.errors import CallgateError, ErrorCode
+from callgate.core.settings import Settings
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.ops.stack import Stack
 from callgate.producer import Producer
-from callgate.store import db, transport
-from callgate.store.errors import CallgateError, ErrorCode
-from callgate.store.settings import Settings
-from callgate.worker.demo.tools import demo_registry
+from callgate.queue import transport
+from callgate.store import db
 from tests.acceptance.conftest import SUPPORT_A, wait_until
 from tests.integration.commit_loss_proxy import CommitLossProxy
 
@@ -36,7 +37,7 @@ def service_env(own_url: str, redis_url: str, queue_name: str) -> dict[str, str]
         "CALLGATE_DATABASE_URL": own_url,
         "CALLGATE_REDIS_URL": redis_url,
         "CALLGATE_QUEUE": queue_name,
-        "CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry",
+        "CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry",
         **STALE,
     }
 

@@ -15,8 +15,10 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
+from callgate.daemons import sweeper
 from callgate.ops.stack import wait_for_workers
-from callgate.store import db, sweeper, transport
+from callgate.queue import transport
+from callgate.store import db
 from tests.acceptance.conftest import (
     REFUND_O17,
     SUPPORT_A,

@@ -85,7 +85,7 @@ def test_wheel_holds_one_callgate_namespace_and_its_type_marker(wheel: Path) -> 
     assert any(n.startswith("callgate/store/migrations/versions/") for n in names)
     # The approval console's page, script and style ship beside the API's code.
     for static in ("console.html", "console.js", "console.css"):
-        assert f"callgate/producer/http/static/{static}" in names
+        assert f"ops/http/static/{static}" in names
 
 
 @pytest.mark.timeout(600)

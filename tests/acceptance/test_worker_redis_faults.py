@@ -17,7 +17,7 @@ import redis as redis_lib
 from sqlalchemy import Engine
 
 from callgate.ops.stack import wait_for_workers
-from callgate.store import transport
+from callgate.queue import transport
 from tests.acceptance.conftest import scalar, wait_until
 from tests.acceptance.private_stack import (
     database_url,

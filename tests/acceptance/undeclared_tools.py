@@ -8,7 +8,7 @@ says nothing about itself. Workers load it with
 
 from __future__ import annotations
 
-from callgate.worker.registry import Registry, Tool
+from callgate.tools.registry import Registry, Tool
 from tests.acceptance import legacy_tools
 
 

@@ -31,12 +31,12 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from callgate.core.errors import CallgateError
+from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
-from callgate.store import transport
+from callgate.queue import transport
 from callgate.store.db import libpq_url
-from callgate.store.errors import CallgateError
-from callgate.store.settings import Settings
 from tests.faults import tools
 from tests.faults.core import CUT, LOSE_REPLY, REFUSE, STALL, Fault, FaultKind
 from tests.faults.pgproxy import PgProxy, sql_fault

@@ -24,9 +24,9 @@ from typing import Any
 import psycopg
 from pydantic import BaseModel, ConfigDict, Field
 
+from callgate.core.errors import ErrorCode, ToolError
 from callgate.store.db import libpq_url
-from callgate.store.errors import ErrorCode, ToolError
-from callgate.worker.registry import (
+from callgate.tools.registry import (
     READ_ONLY,
     Downstream,
     ExecutionContext,

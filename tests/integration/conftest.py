@@ -8,10 +8,11 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, text
 
+from callgate.core.settings import Settings
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer import Producer
-from callgate.store import db, transport
-from callgate.store.settings import Settings
-from callgate.worker.demo.tools import demo_registry
+from callgate.queue import transport
+from callgate.store import db
 
 
 @pytest.fixture

@@ -9,8 +9,8 @@ import pytest
 from prometheus_client import REGISTRY
 from sqlalchemy import Engine, text
 
+from callgate.core.errors import ApprovalError
 from callgate.store import approvals
-from callgate.store.errors import ApprovalError
 from tests.integration.test_approvals_four_eyes import _parked
 
 pytestmark = pytest.mark.services

@@ -13,11 +13,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from callgate.core.errors import ApprovalError, ErrorCode
+from callgate.core.types import CallContext, ProposedCall
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
 from callgate.store import approvals, turns
-from callgate.store.errors import ApprovalError, ErrorCode
-from callgate.store.types import CallContext, ProposedCall
-from callgate.worker.demo.tools import demo_registry
 
 A = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 REFUND = {"order_id": "O-17", "amount": 1, "currency": "KRW"}

@@ -14,13 +14,14 @@ import uuid
 import pytest
 from sqlalchemy import Engine, text
 
+from callgate.core.errors import StaleFence, UnstorableValue
+from callgate.core.types import CallContext, ProposedCall
+from callgate.daemons import sweeper
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
-from callgate.store import reservations, sweeper, turns
-from callgate.store.errors import StaleFence, UnstorableValue
-from callgate.store.types import CallContext, ProposedCall
-from callgate.worker.demo.tools import demo_registry
+from callgate.store import reservations, turns
+from callgate.tools.registry import ExecutionContext
 from callgate.worker.heartbeat import Heartbeat
-from callgate.worker.registry import ExecutionContext
 
 CTX = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 

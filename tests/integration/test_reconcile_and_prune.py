@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, text
 
+from callgate.core.errors import ErrorCode, InputError, ReconciliationError
+from callgate.core.types import CallContext, ProposedCall
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
 from callgate.store import api_keys, db, reconciliation, reservations, retention, turns
-from callgate.store.errors import ErrorCode, InputError, ReconciliationError
-from callgate.store.types import CallContext, ProposedCall
-from callgate.worker.demo.tools import demo_registry
 
 CTX = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 OTHER = CallContext(request_id="r", tenant_id="tenant-b", user_id="user-42", roles=("support",))

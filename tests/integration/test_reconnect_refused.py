@@ -21,19 +21,13 @@ import redis
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, create_engine, text
 
+from callgate.core.errors import ServiceUnavailable
+from callgate.core.settings import Settings
 from callgate.producer import Producer
-from callgate.store import db, transport
-from callgate.store.errors import ServiceUnavailable
-from callgate.store.settings import Settings
+from callgate.queue import transport
+from callgate.store import db
+from callgate.tools.registry import READ_ONLY, ExecutionContext, Facts, Principal, Registry, Tool
 from callgate.worker.consumer import Consumer
-from callgate.worker.registry import (
-    READ_ONLY,
-    ExecutionContext,
-    Facts,
-    Principal,
-    Registry,
-    Tool,
-)
 from callgate.worker.runtime import Runtime
 from tests.integration.pg_door import Door
 

@@ -13,10 +13,12 @@ import redis
 from prometheus_client import REGISTRY
 from sqlalchemy import Engine, text
 
+from callgate.core.types import CallContext, ProposedCall
+from callgate.daemons import relayer
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
-from callgate.store import db, relayer, reservations, transport, turns
-from callgate.store.types import CallContext, ProposedCall
-from callgate.worker.demo.tools import demo_registry
+from callgate.queue import transport
+from callgate.store import db, reservations, turns
 
 CTX = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 APP = "callgate-relayer-metrics-test"

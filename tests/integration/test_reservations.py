@@ -8,10 +8,10 @@ import uuid
 
 from sqlalchemy import Engine, text
 
+from callgate.core.types import CallContext, ProposedCall
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
 from callgate.store import reservations, turns
-from callgate.store.types import CallContext, ProposedCall
-from callgate.worker.demo.tools import demo_registry
 
 CTX = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 

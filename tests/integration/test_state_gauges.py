@@ -1,4 +1,4 @@
-"""The gauges read from Postgres and Redis (store/gauges.py) against real rows, and their
+"""The gauges read from Postgres and Redis (callgate/observe/gauges.py) against real rows, and their
 queries' plans: each reads a partial index of open rows, never the history."""
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 
+from callgate.observe import gauges
 from callgate.producer import Producer
-from callgate.store import db, gauges, transport
+from callgate.queue import transport
+from callgate.store import db
 
 pytestmark = pytest.mark.services
 

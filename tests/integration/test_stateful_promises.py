@@ -32,8 +32,10 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 from sqlalchemy import Engine
 
-from callgate.store import db, reservations, sweeper, transport, turns
-from callgate.store.types import CallContext, ProposedCall
+from callgate.core.types import CallContext, ProposedCall
+from callgate.daemons import sweeper
+from callgate.queue import transport
+from callgate.store import db, reservations, turns
 from tests.faults import tools
 from tests.faults.core import CUT, LOSE_REPLY, REFUSE
 from tests.faults.pgproxy import PgProxy, sql_fault

@@ -18,11 +18,12 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
+from callgate.core.errors import CallgateError, ErrorCode, ServiceUnavailable
+from callgate.core.settings import Settings
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer import Producer
-from callgate.store import db, transport
-from callgate.store.errors import CallgateError, ErrorCode, ServiceUnavailable
-from callgate.store.settings import Settings
-from callgate.worker.demo.tools import demo_registry
+from callgate.queue import transport
+from callgate.store import db
 from tests.integration.commit_loss_proxy import CommitLossProxy
 from tests.integration.conftest import stored
 

@@ -15,13 +15,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine
 
+from callgate.core.errors import CallgateError, ErrorCode
+from callgate.core.settings import Settings
+from callgate.core.types import CallContext, ProposedCall
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer import Producer
 from callgate.producer.planning import plan
-from callgate.store import db, transport, turns
-from callgate.store.errors import CallgateError, ErrorCode
-from callgate.store.settings import Settings
-from callgate.store.types import CallContext, ProposedCall
-from callgate.worker.demo.tools import demo_registry
+from callgate.queue import transport
+from callgate.store import db, turns
 from tests.integration.conftest import stored
 
 CTX: dict[str, Any] = {

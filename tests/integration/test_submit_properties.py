@@ -10,8 +10,8 @@ from typing import Any
 from hypothesis import HealthCheck, event, given, settings
 from sqlalchemy import Engine, text
 
+from callgate.core.errors import CallgateError, ErrorCode
 from callgate.producer import Producer
-from callgate.store.errors import CallgateError, ErrorCode
 from tests import hostile
 from tests.integration.conftest import stored
 

@@ -14,11 +14,13 @@ import redis
 from rq.job import Job
 from sqlalchemy import Engine, text
 
+from callgate.core.settings import Settings
+from callgate.core.types import Turn
+from callgate.daemons import sweeper
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer import Producer
-from callgate.store import db, sweeper, transport
-from callgate.store.settings import Settings
-from callgate.store.types import Turn
-from callgate.worker.demo.tools import demo_registry
+from callgate.queue import transport
+from callgate.store import db
 
 CONTEXT = {"request_id": "r", "tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
 STALE = 0.1

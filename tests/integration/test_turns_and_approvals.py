@@ -9,11 +9,13 @@ import pytest
 import redis
 from sqlalchemy import Engine, text
 
+from callgate.core.errors import InputError
+from callgate.core.types import CallContext, ProposedCall
+from callgate.daemons import sweeper
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
-from callgate.store import approvals, db, migrate, reservations, sweeper, transport, turns
-from callgate.store.errors import InputError
-from callgate.store.types import CallContext, ProposedCall
-from callgate.worker.demo.tools import demo_registry
+from callgate.queue import transport
+from callgate.store import approvals, db, migrate, reservations, turns
 
 A = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 B = CallContext(request_id="r", tenant_id="tenant-b", user_id="user-42", roles=("support",))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import callgate
-from callgate.store.errors import ErrorCode
+from callgate.core.errors import ErrorCode
 
 ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
@@ -121,10 +121,10 @@ def test_the_guarantee_statements_are_quoted() -> None:
         "callgate.store.reservations.COMPLETE_SQL",
         "callgate.store.reservations.CONCLUDE_SQL",
         "callgate.store.reservations.ABANDON_SQL",
-        "callgate.store.sweeper.DUE_SQL",
-        "callgate.store.sweeper.MARK_SQL",
-        "callgate.store.relayer.CLAIM_SQL",
-        "callgate.store.relayer.MARK_SQL",
+        "callgate.daemons.sweeper.DUE_SQL",
+        "callgate.daemons.sweeper.MARK_SQL",
+        "callgate.daemons.relayer.CLAIM_SQL",
+        "callgate.daemons.relayer.MARK_SQL",
     ):
         assert name in quoted, f"docs/guarantees.md should quote {name}"
 

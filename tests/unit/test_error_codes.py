@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from callgate.store.errors import RETRYABLE_CODES, CallgateError, ErrorCode, ToolError
+from callgate.core.errors import RETRYABLE_CODES, CallgateError, ErrorCode, ToolError
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 

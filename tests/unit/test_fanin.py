@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from callgate.core.errors import CorrelationError, ErrorCode
+from callgate.core.types import FailedRetryable, FailedTerminal, Succeeded
 from callgate.producer.fanin import FanIn, correlate
-from callgate.store.errors import CorrelationError, ErrorCode
-from callgate.store.types import FailedRetryable, FailedTerminal, Succeeded
 
 PROPOSALS = [
     ("call-1", "get_weather"),

@@ -1,4 +1,4 @@
-"""The gate's pure steps (worker/gate.py) against the demo registry: allowlist, parse, schema."""
+"""The gate's pure steps (tools/gate.py) against the demo registry: allowlist, parse, schema."""
 
 from __future__ import annotations
 
@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from callgate.store.errors import ErrorCode, ToolError
-from callgate.worker import gate
-from callgate.worker.demo.tools import READS, WRITES, demo_registry
-from callgate.worker.registry import Registry
+from callgate.core.errors import ErrorCode, ToolError
+from callgate.ops.lab.demo.tools import READS, WRITES, demo_registry
+from callgate.tools import gate
+from callgate.tools.registry import Registry
 
 ALL_TOOLS = {
     "get_weather",

@@ -10,17 +10,17 @@ from typing import Any
 import pytest
 from pydantic import BaseModel, ConfigDict, Field
 
+from callgate.core.errors import ConfigurationError, ErrorCode, ToolError
+from callgate.core.types import CallContext, ProposedCall
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.budgets import apply_budgets
 from callgate.producer.planning import arguments_hash, plan
-from callgate.store.errors import ConfigurationError, ErrorCode, ToolError
 from callgate.store.turns import ConversationFacts
-from callgate.store.types import CallContext, ProposedCall
-from callgate.worker import gate
-from callgate.worker.demo.tools import demo_registry
-from callgate.worker.registry import READ_ONLY, ResultLimits, Tool, from_env, load_allowlist
-from callgate.worker.results import TRUST_LABEL, redact_text, safe_error, safe_result
+from callgate.tools import gate
+from callgate.tools.registry import READ_ONLY, ResultLimits, Tool, from_env, load_allowlist
+from callgate.tools.results import TRUST_LABEL, redact_text, safe_error, safe_result
 
-DEMO = {"CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry"}
+DEMO = {"CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry"}
 
 WEATHER_SCHEMA: dict[str, Any] = {
     "type": "object",

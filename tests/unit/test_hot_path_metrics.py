@@ -12,10 +12,11 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import REGISTRY
 
-from callgate.store import logs, metrics
+from callgate.core import logs
+from callgate.observe import metrics
 from callgate.store.calls import CallRecord
+from callgate.tools.registry import ExecutionContext
 from callgate.worker import events
-from callgate.worker.registry import ExecutionContext
 
 
 def sample(name: str, **labels: str) -> float:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from callgate.producer.http import auth, problems, views
-from callgate.producer.http.settings import ApiSettings
+from callgate.core.errors import AccessError, ConfigurationError, ErrorCode
+from callgate.ops.http import auth, problems, views
+from callgate.ops.http.settings import ApiSettings
 from callgate.store import api_keys
-from callgate.store.errors import AccessError, ConfigurationError, ErrorCode
 
 SECRET = b"s" * 32
 

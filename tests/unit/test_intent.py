@@ -1,4 +1,4 @@
-"""Idempotency keys and intent hashes (worker/intent.py): deterministic, order-blind."""
+"""Idempotency keys and intent hashes (callgate/tools/intent.py): deterministic, order-blind."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from callgate.worker.intent import canonical_json, idempotency_key, intent_hash
+from callgate.tools.intent import canonical_json, idempotency_key, intent_hash
 
 BASE: dict[str, Any] = {
     "arguments": {"order_id": "A-100", "amount": 5000, "currency": "KRW"},

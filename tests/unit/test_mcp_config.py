@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from callgate.store.errors import ConfigurationError, ErrorCode
+from callgate.core.errors import ConfigurationError, ErrorCode
 from callgate.store.mcp_catalog import Definition
 from callgate.worker.mcp import config
 from callgate.worker.mcp.config import ToolOverride

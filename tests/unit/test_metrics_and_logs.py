@@ -13,9 +13,10 @@ import pytest
 from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from callgate.store import gauges, logs, metrics
-from callgate.store.errors import ConfigurationError, ErrorCode
-from callgate.store.settings import Settings, metrics_port
+from callgate.core import logs
+from callgate.core.errors import ConfigurationError, ErrorCode
+from callgate.core.settings import Settings, metrics_port
+from callgate.observe import gauges, metrics
 
 # Labels a callgate metric may carry: each has a small, fixed set of values.
 BOUNDED_LABELS = {"tool", "kind", "status", "code", "layer", "reason", "outcome", "state", "age"}
@@ -219,7 +220,7 @@ def test_bind_refuses_a_field_that_is_not_a_log_field() -> None:
 
 
 def test_json_logs_stay_redacted(restore_logging: None) -> None:
-    from callgate.worker import redaction
+    from callgate.tools import redaction
 
     out = io.StringIO()
     logs.configure("INFO", "json", out)

@@ -6,12 +6,12 @@ from typing import Any
 
 import pytest
 
+from callgate.core.errors import ErrorCode, InputError
+from callgate.core.types import CallContext, ProposedCall
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
-from callgate.store.errors import ErrorCode, InputError
-from callgate.store.types import CallContext, ProposedCall
-from callgate.worker.demo.tools import demo_registry
-from callgate.worker.intent import idempotency_key
-from callgate.worker.registry import Registry
+from callgate.tools.intent import idempotency_key
+from callgate.tools.registry import Registry
 
 CONTEXT = CallContext(
     request_id="req-1", tenant_id="tenant-a", user_id="user-17", roles=("support",)
@@ -141,10 +141,10 @@ def test_operation_ids_for_unknown_calls_are_rejected(registry: Registry) -> Non
 
 
 def test_empty_operation_id_is_bad_input() -> None:
+    from callgate.core.errors import InputError
+    from callgate.core.types import CallContext, ProposedCall
+    from callgate.ops.lab.demo.tools import demo_registry
     from callgate.producer.planning import plan
-    from callgate.store.errors import InputError
-    from callgate.store.types import CallContext, ProposedCall
-    from callgate.worker.demo.tools import demo_registry
 
     ctx = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
     call = ProposedCall(call_id="c1", tool_name="send_email", arguments={})

@@ -11,8 +11,8 @@ from urllib.parse import quote
 
 import pytest
 
-from callgate.worker.registry import Tool
-from callgate.worker.results import TRUST_LABEL, safe_error, safe_result
+from callgate.tools.registry import Tool
+from callgate.tools.results import TRUST_LABEL, safe_error, safe_result
 from tests.acceptance.corpus_tools import CORPUS, registry
 
 JWT = (
@@ -261,7 +261,7 @@ def test_ordinary_values_survive(plain: str) -> None:
 def test_log_records_are_redacted_with_their_exception_text(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    from callgate.worker import redaction
+    from callgate.tools import redaction
 
     log = logging.getLogger("callgate.test")
     record_filter = redaction.RedactingFilter()

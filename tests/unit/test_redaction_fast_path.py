@@ -10,7 +10,7 @@ from datetime import datetime
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from callgate.worker import redaction
+from callgate.tools import redaction
 
 PLAIN = string.ascii_letters + string.digits + "._-"
 

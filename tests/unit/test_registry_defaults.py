@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from callgate.store.errors import ConfigurationError, ErrorCode
-from callgate.worker import registry
-from callgate.worker.demo.tools import READS, WRITES, demo_registry
-from callgate.worker.registry import READ_ONLY, SideEffect, Tool
+from callgate.core.errors import ConfigurationError, ErrorCode
+from callgate.ops.lab.demo.tools import READS, WRITES, demo_registry
+from callgate.tools import registry
+from callgate.tools.registry import READ_ONLY, SideEffect, Tool
 
 SCHEMA = {"type": "object", "properties": {}, "additionalProperties": False}
 
@@ -42,12 +42,12 @@ def test_no_registry_is_a_configuration_error(env: dict[str, str]) -> None:
     assert info.value.code == ErrorCode.INVALID_CONFIGURATION
     message = info.value.message
     assert "CALLGATE_TOOLS" in message and "module:attribute" in message
-    assert "callgate.worker.demo.tools:demo_registry" in message
+    assert "callgate.ops.lab.demo.tools:demo_registry" in message
     assert "\n" not in message
     with pytest.raises(ConfigurationError):
         registry.load(None)
 
 
 def test_the_demo_registry_loads_only_when_named() -> None:
-    loaded = registry.from_env({"CALLGATE_TOOLS": "callgate.worker.demo.tools:demo_registry"})
+    loaded = registry.from_env({"CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry"})
     assert loaded.tools.keys() == demo_registry().tools.keys()

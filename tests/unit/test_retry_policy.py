@@ -12,11 +12,11 @@ import psycopg
 import pytest
 from sqlalchemy.exc import OperationalError
 
-from callgate.ops.chaos.tools import UNKEYED, chaos_registry
-from callgate.store.errors import ConfigurationError, ErrorCode, StaleFence, ToolError
-from callgate.store.settings import Settings
+from callgate.core.errors import ConfigurationError, ErrorCode, StaleFence, ToolError
+from callgate.core.settings import Settings
+from callgate.ops.lab.chaos.tools import UNKEYED, chaos_registry
+from callgate.tools.registry import ExecutionContext
 from callgate.worker.executor import _read, _run_handler, may_retry, retry_delay, transient_failure
-from callgate.worker.registry import ExecutionContext
 
 REGISTRY = chaos_registry()
 READ = REGISTRY.tools["get_stock"]

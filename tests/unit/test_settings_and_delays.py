@@ -1,12 +1,12 @@
-"""Settings from CALLGATE_* variables (store/settings.py) and CALLGATE_DEMO_DELAY_MS parsing."""
+"""Settings from CALLGATE_* variables (core/settings.py) and CALLGATE_DEMO_DELAY_MS parsing."""
 
 from __future__ import annotations
 
 import pytest
 
-from callgate.store.errors import ConfigurationError, ErrorCode
-from callgate.store.settings import Settings
-from callgate.worker.demo import delays
+from callgate.core.errors import ConfigurationError, ErrorCode
+from callgate.core.settings import Settings
+from callgate.ops.lab.demo import delays
 
 # --- Settings --------------------------------------------------------------------------
 
@@ -101,7 +101,7 @@ def test_submit_limits_are_read_and_bounded() -> None:
     "url", ["http://x", "postgresql://127.0.0.1/x", "redis://:6379:x:y/abc", "nonsense", ""]
 )
 def test_a_redis_url_redis_cannot_use_is_a_configuration_error(url: str) -> None:
-    from callgate.store import transport
+    from callgate.queue import transport
 
     with pytest.raises(ConfigurationError) as info:
         transport.connect(url)
@@ -109,7 +109,7 @@ def test_a_redis_url_redis_cannot_use_is_a_configuration_error(url: str) -> None
 
 
 def test_a_redis_url_with_a_password_is_never_echoed() -> None:
-    from callgate.store import transport
+    from callgate.queue import transport
 
     with pytest.raises(ConfigurationError) as info:
         transport.connect("http://user:s3cret@x")

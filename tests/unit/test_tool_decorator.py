@@ -10,8 +10,8 @@ import pytest
 from pydantic import BaseModel, Field
 
 from callgate import READ_ONLY, Downstream, ExecutionContext, Registry, SideEffect, Tool, tool
-from callgate.store.errors import ConfigurationError, ErrorCode, ToolError
-from callgate.worker import gate
+from callgate.core.errors import ConfigurationError, ErrorCode, ToolError
+from callgate.tools import gate
 
 Unit = Literal["celsius", "fahrenheit"]
 

@@ -1,4 +1,4 @@
-"""Submit's checks (producer/validation.py, store/values.py) and the gate's strict parse,
+"""Submit's checks (producer/validation.py, callgate/core/values.py) and the gate's strict parse,
 without services. The same cases run against real Postgres in
 tests/integration/test_submit_input.py; here the rules themselves are pinned down."""
 
@@ -11,6 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from callgate.core import values
+from callgate.core.errors import ErrorCode, InputError, JSONValueError, ToolError
+from callgate.core.settings import Settings
+from callgate.core.types import CallContext, ProposedCall
+from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import arguments_hash, plan
 from callgate.producer.validation import (
     MAX_ID_LENGTH,
@@ -19,12 +24,7 @@ from callgate.producer.validation import (
     check_id,
     check_submission,
 )
-from callgate.store import values
-from callgate.store.errors import ErrorCode, InputError, JSONValueError, ToolError
-from callgate.store.settings import Settings
-from callgate.store.types import CallContext, ProposedCall
-from callgate.worker import gate
-from callgate.worker.demo.tools import demo_registry
+from callgate.tools import gate
 
 LIMITS = Limits(max_call_bytes=1024, max_turn_calls=4)
 CTX: dict[str, Any] = {"request_id": "r", "tenant_id": "t", "user_id": "u", "roles": ["support"]}
@@ -41,7 +41,7 @@ def refused(proposals: Any, context: Any = CTX, ops: Any = None) -> InputError:
     return info.value
 
 
-# --- store/values ---------------------------------------------------------------------------
+# --- callgate/core/values ----------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -235,8 +235,8 @@ def test_refund_order_id_is_bounded_by_its_schema(order_id: str) -> None:
 def test_a_lookup_the_database_refuses_is_invalid_arguments_not_upstream() -> None:
     from sqlalchemy.exc import DataError
 
-    from callgate.worker.demo.tools import DemoServices
-    from callgate.worker.registry import Principal
+    from callgate.ops.lab.demo.tools import DemoServices
+    from callgate.tools.registry import Principal
 
     class Refusing:
         def lookup_order(self, order_id: str) -> None:

@@ -9,8 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from callgate.core.types import ProposedCall
 from callgate.producer.adapters import names
-from callgate.store.types import ProposedCall
 
 REPO = Path(__file__).resolve().parents[3]
 # The recordings are copied into the repo so a clone elsewhere (CI) still has them;

@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from callgate.core.types import ProposedCall
 from callgate.producer.adapters import (
     SURFACES,
     AdapterError,
@@ -29,7 +30,6 @@ from callgate.producer.adapters import (
     write_results,
 )
 from callgate.producer.adapters.base import show
-from callgate.store.types import ProposedCall
 
 from . import test_streams as streams_fixtures
 from .support import inbound, load

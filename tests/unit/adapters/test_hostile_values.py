@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from callgate.core.types import ProposedCall
 from callgate.producer.adapters import (
     SURFACES,
     AdapterError,
@@ -20,8 +21,7 @@ from callgate.producer.adapters import (
     write_results,
 )
 from callgate.producer.adapters.base import show
-from callgate.producer.mcp import normalise_result
-from callgate.store.types import ProposedCall
+from callgate.worker.mcp.results import normalise_result
 
 from .support import inbound
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
+from callgate.core.types import FailedRetryable, FailedTerminal, Succeeded
 from callgate.producer.adapters import AdapterError
-from callgate.producer.mcp import normalise_result, sanitise
-from callgate.store.types import FailedRetryable, FailedTerminal, Succeeded
+from callgate.worker.mcp.results import normalise_result, sanitise
 
 Result = Succeeded | FailedRetryable | FailedTerminal
 

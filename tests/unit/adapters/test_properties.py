@@ -9,9 +9,9 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from callgate.core.types import AppError, FailedRetryable, FailedTerminal, ProposedCall, Succeeded
 from callgate.producer.adapters import SURFACES, AdapterError, read_proposals, write_results
 from callgate.producer.adapters import names as name_codec
-from callgate.store.types import AppError, FailedRetryable, FailedTerminal, ProposedCall, Succeeded
 
 from .support import PLACES, id_status, inbound
 

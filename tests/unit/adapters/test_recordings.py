@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
+from callgate.core.types import AppError, FailedTerminal, ProposedCall, Succeeded
 from callgate.producer.adapters import AdapterError, read_proposals, read_stream, write_results
-from callgate.store.types import AppError, FailedTerminal, ProposedCall, Succeeded
 
 from .support import load, recordings_dir
 

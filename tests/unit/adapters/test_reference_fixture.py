@@ -14,10 +14,10 @@ from typing import Any
 
 import pytest
 
+from callgate.core.errors import CorrelationError
+from callgate.core.types import FailedRetryable, FailedTerminal, ProposedCall, Succeeded
 from callgate.producer.adapters import SURFACES, AdapterError, read_proposals, write_results
-from callgate.producer.mcp import normalise_result
-from callgate.store.errors import CorrelationError
-from callgate.store.types import FailedRetryable, FailedTerminal, ProposedCall, Succeeded
+from callgate.worker.mcp.results import normalise_result
 
 from .support import id_status
 

@@ -13,20 +13,20 @@ from typing import Any
 import pytest
 from pydantic import TypeAdapter
 
-from callgate.producer.adapters import (
-    AdapterError,
-    read_proposals,
-    read_stream,
-    tool_definitions,
-    write_results,
-)
-from callgate.store.types import (
+from callgate.core.types import (
     AppError,
     FailedRetryable,
     FailedTerminal,
     ProposedCall,
     SafeErrorDetail,
     Succeeded,
+)
+from callgate.producer.adapters import (
+    AdapterError,
+    read_proposals,
+    read_stream,
+    tool_definitions,
+    write_results,
 )
 
 from .support import inbound, load

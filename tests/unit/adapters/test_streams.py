@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
+from callgate.core.types import ProposedCall
 from callgate.producer.adapters import AdapterError, read_proposals, read_stream
-from callgate.store.types import ProposedCall
 
 from .support import PLACES, inbound
 

@@ -9,6 +9,14 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
+from callgate.core.types import (
+    AppError,
+    FailedRetryable,
+    FailedTerminal,
+    ProposedCall,
+    SafeErrorDetail,
+    Succeeded,
+)
 from callgate.producer.adapters import (
     SURFACES,
     AdapterError,
@@ -18,15 +26,7 @@ from callgate.producer.adapters import (
     write_results,
 )
 from callgate.producer.adapters import names as name_codec
-from callgate.store.types import (
-    AppError,
-    FailedRetryable,
-    FailedTerminal,
-    ProposedCall,
-    SafeErrorDetail,
-    Succeeded,
-)
-from callgate.worker.results import TRUST_LABEL, safe_error
+from callgate.tools.results import TRUST_LABEL, safe_error
 
 from .support import PLACES, bodies, id_status, inbound
 

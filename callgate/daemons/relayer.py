@@ -1,0 +1,136 @@
+"""The relayer: publishes committed outbox rows to Redis for fan-in.
+
+Claim a batch with ``FOR UPDATE SKIP LOCKED`` (several relayers never publish the same rows
+at once), publish, mark, commit. A relayer killed between publish and mark leaves its rows
+unmarked and unlocked: they are published again, so fan-in drops duplicates by call id.
+It sleeps on ``LISTEN callgate_outbox`` and polls on timeout (a notification sent while it
+was disconnected is lost, so it always drains once after (re)connecting).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+import redis
+from sqlalchemy import Engine, Row, text
+
+from callgate.core import logs
+from callgate.observe import metrics
+from callgate.queue import transport
+from callgate.store import db
+
+log = logging.getLogger("callgate.relayer")
+
+CHANNEL = "callgate_outbox"
+
+# The payload as Postgres' own JSON text: published as it is, never parsed and dumped again
+# (the same JSON value; fan-in parses it). The row's age, on Postgres' clock, feeds the
+# relay-latency histogram.
+CLAIM_SQL = """
+SELECT id, turn_id, call_ref, CAST(payload AS text) AS payload,
+       CAST(EXTRACT(EPOCH FROM clock_timestamp() - created_at) AS float8) AS age_seconds
+  FROM callgate.outbox
+ WHERE published_at IS NULL
+ ORDER BY id
+ LIMIT :batch
+   FOR UPDATE SKIP LOCKED
+"""
+
+MARK_SQL = "UPDATE callgate.outbox SET published_at = now() WHERE id = ANY(:ids)"
+
+
+def drain_once(
+    engine: Engine,
+    connection: redis.Redis,
+    *,
+    queue: str,
+    batch: int,
+    mark_delay: float = 0.0,
+) -> int:
+    """Publish one batch. Returns how many rows it published (0: nothing was waiting)."""
+    with engine.begin() as conn:
+        rows = conn.execute(text(CLAIM_SQL), {"batch": batch}).all()
+        if not rows:
+            return 0
+        pipe = connection.pipeline(transaction=False)
+        streams: dict[str, None] = {}
+        for row in rows:
+            stream = transport.results_stream(queue, row.turn_id)
+            pipe.xadd(stream, {"outbox_id": row.id, "result": row.payload})
+            # After the entry: 0 when an earlier publish of this row got this far.
+            pipe.hsetnx(transport.published_marks(stream), str(row.id), 1)
+            streams[stream] = None
+        for stream in streams:  # once per stream of the batch, after its last entry
+            pipe.expire(stream, transport.RESULT_STREAM_TTL_SECONDS)
+            pipe.expire(transport.published_marks(stream), transport.RESULT_STREAM_TTL_SECONDS)
+        with transport.translate_errors("relayer publish"):
+            replies = pipe.execute()
+        first = [bool(r) for r in replies[1 : 2 * len(rows) : 2]]
+        metrics.outbox_published(len(rows))
+        metrics.outbox_republished(first.count(False))
+        metrics.relayed(row.age_seconds for row in rows)
+        _published(rows, first)
+        if mark_delay:
+            # Chaos knob (CALLGATE_RELAYER_MARK_DELAY_MS): widens the publish-to-mark window
+            # so a test can kill the relayer inside it.
+            time.sleep(mark_delay)
+        conn.execute(text(MARK_SQL), {"ids": [row.id for row in rows]})
+    return len(rows)
+
+
+def _published(rows: Sequence[Row[Any]], first: Sequence[bool]) -> None:
+    """One log record per published row (at INFO: off at the default level)."""
+    if log.isEnabledFor(logging.INFO):
+        for row, new in zip(rows, first, strict=True):
+            event = "published" if new else "republished"
+            logs.event(log, event, turn_id=row.turn_id, call_ref=row.call_ref)
+
+
+def drain(
+    engine: Engine, connection: redis.Redis, *, queue: str, batch: int, mark_delay: float = 0.0
+) -> int:
+    """Publish batches until one comes back short: then nothing else was waiting when it was
+    claimed (a row committed since wakes the relayer through its own notification)."""
+    total = 0
+    while True:
+        n = drain_once(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
+        total += n
+        if n < batch:
+            return total
+
+
+def run(
+    engine: Engine,
+    connection: redis.Redis,
+    database_url: str,
+    *,
+    queue: str,
+    batch: int,
+    poll_seconds: float = 1.0,
+    mark_delay: float = 0.0,
+    stop: threading.Event | None = None,
+) -> None:
+    """Relay until ``stop`` is set. Reconnects on its own after Postgres or Redis hiccups."""
+    stop = stop or threading.Event()
+    while not stop.is_set():
+        try:
+            with psycopg.connect(db.libpq_url(database_url), autocommit=True) as listener:
+                listener.execute(f"LISTEN {CHANNEL}")
+                drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
+                while not stop.is_set():
+                    # Wake on the first notification or after poll_seconds, take every other
+                    # notification already queued (one drain publishes all their rows), then
+                    # drain.
+                    for _ in listener.notifies(timeout=poll_seconds, stop_after=1):
+                        pass
+                    for _ in listener.notifies(timeout=0):
+                        pass
+                    drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
+        except Exception as exc:  # keep relaying: a restart would lose nothing, but costs time
+            log.warning("relayer: %s; retrying in 1s", exc)
+            stop.wait(1.0)

@@ -1,0 +1,495 @@
+"""The sweeper: brings back calls that Redis or a dead worker dropped, and ends the ones
+that can never finish.
+
+RQ moves a killed job to its failed registry and never re-runs it, and a job lost on Redis
+is simply gone. Postgres knows better. An open call is due when
+- its operation's lease expired (the owner died or stalled), and it was not dispatched
+  since the lease expired or in the last ``stale_seconds``: a re-dispatched job that is lost
+  too is dispatched again, as often as it takes;
+- or nobody holds its operation, its predecessor (if any) is terminal, and it has waited
+  longer than ``stale_seconds`` since its last dispatch (a lost enqueue, a lost job);
+- or nobody holds it and its predecessor ended more than ``successor_grace`` seconds ago
+  without it being dispatched since (the worker that ended the predecessor marked it
+  dispatched and died before its enqueue reached Redis);
+- or it waits for an approval request that is no longer pending (a call that parked while
+  the request was being decided): it goes back to ``proposed`` and runs the gate again,
+  which resumes it, denies it or asks again.
+
+Due is not lost. A call's job id is its ref, so one round trip per batch asks Redis where
+each due call's job is: still waiting in the queue, or taken by a live worker (for a call
+nobody holds), the call is in a backlog, not lost; it is not enqueued again (no duplicates
+pile up), not counted against ``max_dispatches``, only noted as seen (``queued_seen_at``,
+which keeps it out of the next sweeps for ``stale_seconds``). A backlog never ends a call.
+
+A lost call is marked and enqueued in one transaction: the mark commits only after Redis
+took the jobs, so a sweep while Redis is down changes nothing and the next one tries again.
+Re-dispatch is safe: the reservation CAS lets one delivery run and the others count as
+duplicates.
+
+Faster than ``stale_seconds``, two kinds of loss are noticed from Redis (``recover_lost``):
+- a worker whose liveness key expired (it died, or stalled for seconds): the calls it had
+  taken off the queue are dispatched again at once. Those it had reserved are left to their
+  leases, which alone decide who may run a reserved call; fencing keeps a stalled owner that
+  wakes up harmless;
+- Redis that lost its data (FLUSHALL, a restart without persistence), noticed by its epoch
+  key being gone or changed since this process last looked (``RedisEpoch``): every open
+  call nobody holds is dispatched again.
+
+Every worker process sweeps too (on a thread, ``CALLGATE_WORKER_SWEEP``), so recovery does
+not depend on the sweeper process; several sweepers at once are safe (``SKIP LOCKED``, and a
+duplicate dispatch is only counted).
+
+A call dispatched ``max_dispatches`` times that is still open and lost (a job that kills
+its worker every time, a completion that can never commit) is not dispatched again: it ends with
+``delivery_exhausted``, or ``reconciliation_pending`` if it is a write whose operation was
+started, since that write may have applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from rq import Queue
+from sqlalchemy import Connection, Engine, text
+
+from callgate.core import logs
+from callgate.core.errors import ErrorCode
+from callgate.observe import metrics
+from callgate.queue import transport
+from callgate.store import db, reservations
+
+log = logging.getLogger("callgate.sweeper")
+
+# Two index-backed halves: open calls by their last dispatch (calls_open), and parked calls
+# (calls_awaiting). Terminal history is never scanned. ``last`` is when the call was last
+# dispatched or last found waiting in Redis (queued_seen_at), whichever is later.
+DUE_SQL = """
+WITH candidates AS (
+    SELECT c.id
+      FROM callgate.calls AS c
+      JOIN callgate.operations AS op USING (operation_id)
+      LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
+      CROSS JOIN LATERAL (SELECT greatest(c.dispatched_at, c.queued_seen_at) AS at) AS last
+     WHERE c.state IN ('proposed', 'started')
+       AND (
+             -- its owner's lease expired and nothing was dispatched (or seen queued) since
+             (op.state = 'in_progress' AND op.lease_expires_at < now()
+              AND (last.at IS NULL
+                   OR last.at < greatest(op.lease_expires_at,
+                                         now() - make_interval(secs => :stale_seconds))))
+          OR (op.state <> 'in_progress'
+              AND (prev.id IS NULL
+                   OR prev.state IN ('succeeded', 'failed_retryable', 'failed_terminal'))
+              AND (
+                    -- the stale rule: nothing heard of it for a stale period
+                    last.at IS NULL
+                 OR last.at < now() - make_interval(secs => :stale_seconds)
+                    -- the next write of a turn whose previous write ended a grace period
+                    -- ago, not dispatched (nor seen queued) since: the completion that
+                    -- marked it may have died before its enqueue reached Redis
+                 OR (prev.completed_at < now() - make_interval(secs => :successor_grace)
+                     AND last.at <= prev.completed_at)
+                  ))
+           )
+    UNION ALL
+    SELECT c.id
+      FROM callgate.calls AS c
+      JOIN callgate.approvals AS a ON a.approval_id = c.approval_id
+     WHERE c.state = 'awaiting_approval' AND a.state <> 'pending'
+)
+SELECT c.id, c.state, c.kind, c.dispatches, c.operation_id,
+       op.state AS op_state, op.generation
+  FROM callgate.calls AS c
+  JOIN candidates USING (id)
+  JOIN callgate.operations AS op USING (operation_id)
+ WHERE c.state IN ('proposed', 'started', 'awaiting_approval')
+ ORDER BY c.dispatched_at NULLS FIRST
+ LIMIT :batch
+   FOR UPDATE OF c SKIP LOCKED
+"""
+
+# A due call whose job Redis still holds is waiting, not lost: it is neither dispatched
+# again (no duplicate piles up in the queue) nor counted against its dispatch budget.
+# Noting when it was seen keeps it out of the next sweeps for a stale period.
+SEEN_QUEUED_SQL = """
+UPDATE callgate.calls SET queued_seen_at = now() WHERE id = ANY(:refs)
+"""
+
+MARK_SQL = """
+UPDATE callgate.calls
+   SET dispatched_at = now(), dispatches = dispatches + 1,
+       state = CASE WHEN state = 'awaiting_approval' THEN 'proposed' ELSE state END
+ WHERE id = ANY(:refs)
+"""
+
+# Open calls nobody holds among ``refs`` (the calls a dead worker had taken) or, without
+# ``refs``, every one dispatched before ``since`` (the moment Redis was found empty). An
+# operation in progress is left out: its lease decides who runs it (the lease clause of
+# DUE_SQL brings it back once the lease expired). A call out of dispatches is left to
+# DUE_SQL, which ends it.
+LOST_SQL = """
+SELECT c.id
+  FROM callgate.calls AS c
+  JOIN callgate.operations AS op USING (operation_id)
+  LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
+ WHERE c.state IN ('proposed', 'started')
+   AND (CAST(:refs AS uuid[]) IS NULL OR c.id = ANY(CAST(:refs AS uuid[])))
+   AND (CAST(:since AS timestamptz) IS NULL
+        OR c.dispatched_at IS NULL OR c.dispatched_at < CAST(:since AS timestamptz))
+   AND op.state <> 'in_progress'
+   AND (prev.id IS NULL OR prev.state IN ('succeeded', 'failed_retryable', 'failed_terminal'))
+   AND c.dispatches < :max_dispatches
+ ORDER BY c.dispatched_at NULLS FIRST
+ LIMIT :batch
+   FOR UPDATE OF c SKIP LOCKED
+"""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    dispatched: list[uuid.UUID]
+    ended: list[uuid.UUID]
+
+
+@dataclass(frozen=True)
+class _Due:
+    ref: uuid.UUID
+    state: str
+    kind: str
+    dispatches: int
+    operation_id: str
+    op_state: str
+    generation: int
+
+
+def sweep_once(
+    engine: Engine,
+    queue: Queue,
+    *,
+    stale_seconds: float,
+    job_timeout: float,
+    max_dispatches: int,
+    successor_grace: float = 5.0,
+    batch: int = 100,
+) -> Sweep:
+    """Re-dispatch due calls whose delivery is lost; end those out of dispatches. Returns
+    what it did. A due call whose job Redis still holds is only noted (``SEEN_QUEUED_SQL``)."""
+    with engine.begin() as conn:
+        due = [
+            _Due(r.id, r.state, r.kind, r.dispatches, r.operation_id, r.op_state, r.generation)
+            for r in conn.execute(
+                text(DUE_SQL),
+                {
+                    "stale_seconds": stale_seconds,
+                    "successor_grace": successor_grace,
+                    "batch": batch,
+                },
+            )
+        ]
+        # One round trip for the batch, inside the transaction: if Redis cannot answer,
+        # nothing is marked and the next sweep asks again.
+        states = transport.job_states(queue, [d.ref for d in due if d.state != "awaiting_approval"])
+        waiting = [d for d in due if _waiting(d, states.get(d.ref))]
+        lost = [d for d in due if d not in waiting]
+        spent = [
+            d for d in lost if d.state != "awaiting_approval" and d.dispatches >= max_dispatches
+        ]
+        redo = [d for d in lost if d not in spent]
+        again = [d.ref for d in redo]
+        if waiting:
+            conn.execute(text(SEEN_QUEUED_SQL), {"refs": [d.ref for d in waiting]})
+        if again:
+            conn.execute(text(MARK_SQL), {"refs": again})
+            # Inside the transaction: if Redis refuses, the marks roll back with it.
+            transport.enqueue_calls(queue, again, timeout=job_timeout)
+    for d in redo:  # counted once the marks committed with the enqueue
+        metrics.redispatched(_reason(d))
+        logs.event(log, "redispatched", call_ref=d.ref, operation_id=d.operation_id, state=d.state)
+    ended: list[uuid.UUID] = []
+    for d in spent:
+        with db.autocommit(engine) as conn:
+            if _end(conn, queue, d, max_dispatches, job_timeout):
+                ended.append(d.ref)
+    if again:
+        log.info("sweeper re-dispatched %d call(s)", len(again))
+    if ended:
+        log.warning("sweeper ended %d call(s) out of dispatches", len(ended))
+    return Sweep(again, ended)
+
+
+def _waiting(due: _Due, job: str | None) -> bool:
+    """Is the delivery of a due call still under way in Redis? Its job waits in the queue;
+    or, for a call nobody holds, a live worker has taken it (and has not returned it). A
+    call whose lease expired is taken over even if a live worker still lists it: the lease
+    alone decides who runs a reserved call, and that worker has stopped renewing it."""
+    if job == "queued":
+        return True
+    return job == "taken" and due.op_state != "in_progress"
+
+
+def _reason(due: _Due) -> str:
+    """Why a call is due again, as ``callgate_sweeper_redispatches_total`` labels it."""
+    if due.state == "awaiting_approval":
+        return "approval_decided"
+    if due.op_state == "in_progress":
+        return "lease_expired"
+    return "stale"
+
+
+def _end(
+    conn: Connection, queue: Queue, due: _Due, max_dispatches: int, job_timeout: float
+) -> bool:
+    """End one call that was dispatched ``max_dispatches`` times and is still open."""
+    exhausted = _error(
+        ErrorCode.DELIVERY_EXHAUSTED, f"dispatched {max_dispatches} times without finishing"
+    )
+    detail = {"dispatches": due.dispatches}
+    error = exhausted
+    if due.op_state == "in_progress":
+        # Its owner's lease expired: the handler started and may have applied.
+        if due.kind == "write":
+            error = _error(
+                ErrorCode.RECONCILIATION_PENDING,
+                "the write may have applied; a person must reconcile it",
+            )
+        finished = reservations.conclude(
+            conn,
+            operation_id=due.operation_id,
+            generation=due.generation,
+            error=error,
+            event="delivery_exhausted",
+            detail=detail,
+        )
+        if finished.won and due.kind == "write":
+            # The operation ends here, once: the other side of the side-effect ratio. (Its
+            # tool was registered: the operation was reserved.)
+            tool = conn.execute(
+                text("SELECT tool_name FROM callgate.operations WHERE operation_id = :o"),
+                {"o": due.operation_id},
+            ).scalar_one()
+            metrics.write_operation_completed(str(tool))
+    else:
+        finished = reservations.abandon(
+            conn, call_ref=due.ref, error=exhausted, event="delivery_exhausted", detail=detail
+        )
+    metrics.exhausted(error["code"], finished.finished)
+    logs.event(log, error["code"], logging.WARNING, call_ref=due.ref, operation_id=due.operation_id)
+    if finished.successors:
+        try:
+            transport.enqueue_calls(queue, finished.successors, timeout=job_timeout)
+        except Exception as exc:  # they are marked dispatched: a later sweep retries them
+            log.warning("sweeper: %s", exc)
+    return finished.finished > 0
+
+
+def _error(code: ErrorCode, message: str) -> dict[str, Any]:
+    return {"code": code.value, "details": [{"code": code.value, "message": message}]}
+
+
+def _redispatch_lost(
+    engine: Engine,
+    queue: Queue,
+    *,
+    refs: list[uuid.UUID] | None,
+    since: Any,
+    job_timeout: float,
+    max_dispatches: int,
+    reason: str,
+    batch: int = 500,
+) -> list[uuid.UUID]:
+    """Mark and enqueue lost calls (see LOST_SQL), batch by batch, each batch in one
+    transaction that commits only once Redis took its jobs."""
+    done: list[uuid.UUID] = []
+    while True:
+        with engine.begin() as conn:
+            again = [
+                r.id
+                for r in conn.execute(
+                    text(LOST_SQL),
+                    {
+                        "refs": refs,
+                        "since": since,
+                        "max_dispatches": max_dispatches,
+                        "batch": batch,
+                    },
+                )
+            ]
+            if again:
+                conn.execute(text(MARK_SQL), {"refs": again})
+                transport.enqueue_calls(queue, again, timeout=job_timeout)
+        for _ in again:
+            metrics.redispatched(reason)
+        done.extend(again)
+        # A marked call has dispatched_at = now() >= since: the next batch skips it. With
+        # refs, one batch holds them all (a taken hash holds at most a worker's slots).
+        if len(again) < batch or refs is not None:
+            return done
+
+
+class RedisEpoch:
+    """What this process last saw of its queue's epoch key in Redis.
+
+    The key holds a random value set by the first sweeper that found it missing. Redis that
+    lost its data (FLUSHALL, a restart without persistence) loses the key: the next sweep
+    of a process that saw the old value finds it missing or changed. A process that never
+    saw a value (it just started) cannot tell a fresh Redis from a flushed one, so it only
+    sets the key: a fresh stack's first sweep re-dispatches nothing. A loss while every
+    process restarts is therefore noticed by the stale rule (``stale_seconds``) instead.
+    """
+
+    def __init__(self) -> None:
+        self.seen: bytes | None = None
+
+    def look(self, conn: redis.Redis, queue: str) -> tuple[bool, bytes]:
+        """(lost since this process last looked, the value now). One GET while nothing
+        changed; a SET NX and a second GET when the key is missing."""
+        key = transport.epoch_key(queue)
+        current: bytes | None = conn.get(key)  # type: ignore[assignment]
+        if current is None:
+            conn.set(key, uuid.uuid4().hex, nx=True)
+            current = conn.get(key)  # type: ignore[assignment]
+        now = current or b""
+        return self.seen is not None and now != self.seen, now
+
+
+# How long one sweeper's claim on recovering a dead worker's calls lasts.
+RECOVERY_CLAIM_SECONDS = 30
+
+
+def recover_lost(
+    engine: Engine,
+    queue: Queue,
+    *,
+    job_timeout: float,
+    max_dispatches: int,
+    epoch: RedisEpoch | None = None,
+) -> list[uuid.UUID]:
+    """Dispatch again, without waiting for ``stale_seconds``, the calls Redis lost (seen
+    through ``epoch``, this process's memory of the epoch key) and the calls taken by
+    workers whose liveness key expired. Returns the calls dispatched."""
+    conn: redis.Redis = queue.connection
+    name = queue.name
+    dispatched: list[uuid.UUID] = []
+    epoch = epoch or RedisEpoch()
+    lost_data, now = epoch.look(conn, name)
+    if lost_data:
+        # Every job enqueued before now may be lost; Postgres' clock read after the loss
+        # was seen covers them all (and a few jobs enqueued since, which are only
+        # duplicates). It is read once: the calls marked meanwhile are dispatched after
+        # it, so batches end. If this fails, ``epoch`` keeps the old value and the next
+        # sweep tries again.
+        with db.autocommit(engine) as pg:
+            since = pg.execute(text("SELECT now()")).scalar_one()
+        lost = _redispatch_lost(
+            engine,
+            queue,
+            refs=None,
+            since=since,
+            job_timeout=job_timeout,
+            max_dispatches=max_dispatches,
+            reason="redis_lost",
+        )
+        if lost:
+            log.warning("Redis lost its data: re-dispatched %d open call(s)", len(lost))
+        dispatched.extend(lost)
+    epoch.seen = now
+    members: set[bytes] = conn.smembers(transport.workers_key(name))  # type: ignore[assignment]
+    for raw in members:
+        worker = raw.decode()
+        if conn.exists(transport.liveness_key(name, worker)):
+            continue
+        # One sweeper recovers a worker at a time. The worker leaves the list only once its
+        # calls are dispatched again: a sweeper that dies (or fails) midway leaves it listed,
+        # and another one recovers it once the claim expires.
+        claim = transport.recovering_key(name, worker)
+        if not conn.set(claim, "1", nx=True, ex=RECOVERY_CLAIM_SECONDS):
+            continue
+        dispatched.extend(_recover_worker(engine, queue, worker, job_timeout, max_dispatches))
+        conn.srem(transport.workers_key(name), worker)
+    return dispatched
+
+
+def _recover_worker(
+    engine: Engine, queue: Queue, worker: str, job_timeout: float, max_dispatches: int
+) -> list[uuid.UUID]:
+    conn: redis.Redis = queue.connection
+    name = queue.name
+    # Jobs it had moved to wait on but not yet taken go back to the queue as they are.
+    conn.register_script(transport.RETURN_TAKING_LUA)(
+        keys=[queue.key, transport.taking_key(name, worker)]
+    )
+    taken_key = transport.taken_key(name, worker)
+    # Only what was read here is removed below (HDEL, not DEL): a worker that was only
+    # slow (stopped, paused) may wake up meanwhile and take more, and those stay listed.
+    taken: dict[bytes, bytes] = conn.hgetall(taken_key)  # type: ignore[assignment]
+    refs = [r for r in (transport.call_ref(data) for data in taken.values()) if r is not None]
+    again: list[uuid.UUID] = []
+    if refs:
+        again = _redispatch_lost(
+            engine,
+            queue,
+            refs=refs,
+            since=None,
+            job_timeout=job_timeout,
+            max_dispatches=max_dispatches,
+            reason="worker_lost",
+        )
+    if taken:
+        conn.hdel(taken_key, *taken)
+    log.warning(
+        "worker %s stopped beating: re-dispatched %d of the %d call(s) it had taken",
+        worker,
+        len(again),
+        len(refs),
+    )
+    return again
+
+
+def run(
+    engine: Engine,
+    queue: Queue,
+    *,
+    interval: float,
+    stale_seconds: float,
+    job_timeout: float,
+    max_dispatches: int,
+    successor_grace: float = 5.0,
+    stop: threading.Event | None = None,
+    jitter: float = 0.0,
+) -> None:
+    """Sweep every ``interval`` seconds until ``stop``. With ``jitter`` (a fraction), the
+    first sweep waits a random part of an interval and each wait varies by that fraction, so
+    the sweepers of a fleet of workers started together do not sweep in lockstep."""
+    stop = stop or threading.Event()
+    if jitter:
+        stop.wait(random.uniform(0, interval))
+    epoch = RedisEpoch()
+    while not stop.is_set():
+        try:
+            recover_lost(
+                engine,
+                queue,
+                job_timeout=job_timeout,
+                max_dispatches=max_dispatches,
+                epoch=epoch,
+            )
+        except Exception as exc:  # retried on the next tick
+            log.warning("sweeper: %s", exc)
+        try:
+            sweep_once(
+                engine,
+                queue,
+                stale_seconds=stale_seconds,
+                job_timeout=job_timeout,
+                max_dispatches=max_dispatches,
+                successor_grace=successor_grace,
+            )
+        except Exception as exc:  # a sweep that fails is retried on the next tick
+            log.warning("sweeper: %s", exc)
+        stop.wait(interval * random.uniform(1 - jitter, 1 + jitter))

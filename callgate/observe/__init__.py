@@ -1,0 +1,1 @@
+"""Observers: Prometheus counters, histograms and the gauges read from Postgres and Redis."""

@@ -1,0 +1,336 @@
+"""The producer: records a turn in Postgres, enqueues its calls on Redis, fans results in."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+from rq import Queue
+from sqlalchemy import Engine
+
+from callgate.core.errors import CorrelationError, ErrorCode, ServiceUnavailable
+from callgate.core.settings import Settings
+from callgate.core.types import TRUST_LABEL, CallContext, ProposedCall, Turn
+from callgate.observe import metrics
+from callgate.producer import validation
+from callgate.producer.budgets import apply_budgets
+from callgate.producer.fanin import FanIn, Next, Pacing, Result
+from callgate.producer.planning import arguments_hash, plan
+from callgate.queue import transport
+from callgate.store import db, turns
+from callgate.tools import registry as tool_registry
+from callgate.tools.intent import canonical_json
+
+log = logging.getLogger("callgate.producer")
+
+# How often collect() re-reads Postgres while it waits on the stream: the safety net for a
+# publish Redis dropped. Results normally arrive through the stream within milliseconds.
+POSTGRES_RECHECK_SECONDS = 1.0
+
+
+@dataclass(frozen=True)
+class Collected:
+    """The fan-in of one turn: one result per finished call, and the calls still pending."""
+
+    turn_id: str
+    complete: bool
+    results: list[Result]
+    pending: list[str]
+    # (call_id, tool_name) of every proposed call, in proposal order.
+    proposals: list[tuple[str, str]] = field(default_factory=list)
+    # Pending calls parked for a person's decision: call id → approval id.
+    awaiting_approval: dict[str, str] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "turn_id": self.turn_id,
+            "complete": self.complete,
+            "results": [_labelled(r) for r in self.results],
+            "pending": self.pending,
+            "awaiting_approval": self.awaiting_approval,
+        }
+
+    def provider_message(self, surface: str) -> Any:
+        """The results as ``surface``'s tool-result message, ready to append to the
+        conversation. Refused (``missing_result``) while a call is still pending: a partial
+        turn is never padded."""
+        from callgate.producer import adapters
+
+        if not self.complete:
+            waiting = ", ".join(self.pending)
+            raise CorrelationError(
+                f"turn {self.turn_id} is not complete; still pending: {waiting}",
+                code=ErrorCode.MISSING_RESULT,
+            )
+        calls = [ProposedCall(call_id=c, tool_name=t, arguments={}) for c, t in self.proposals]
+        return adapters.write_results(surface, calls, self.results)
+
+
+# Redis is down or restarting: PostgreSQL holds every committed result too.
+REDIS_AWAY = (RedisConnectionError, RedisTimeoutError)
+
+
+def recheck(engine: Engine, turn_id: uuid.UUID) -> list[dict[str, Any]] | None:
+    """The turn's committed results, or None while PostgreSQL is away (results still
+    arrive on Redis; the fan-in looks again later). The fan-in loops' safety net."""
+    try:
+        return turns.load_state(engine, str(turn_id)).results
+    except Exception as exc:
+        if not db.is_transient(exc):
+            raise
+        log.warning("collect: cannot reach PostgreSQL (%s); retrying", exc)
+        return None
+
+
+def first_read(engine: Engine, turn_id: str, timeout: float | None) -> turns.TurnState:
+    """The turn as a fan-in starts from. The read changes nothing: after a lost connection
+    it is sent again on a new one, within the timeout and at least ``db.RECONNECT_SECONDS``
+    (without it nothing is known)."""
+    seconds = db.RECONNECT_SECONDS if timeout is None else max(timeout, db.RECONNECT_SECONDS)
+    with db.translate_errors("collect"):
+        return db.retry_until(lambda: turns.load_state(engine, turn_id), seconds=seconds)
+
+
+def fanned_in(state: turns.TurnState, fan: FanIn, loaded: float) -> None:
+    """Observe the fan-in latency of a turn ``fan`` holds complete: its submit to now (its
+    age when read at ``loaded``, on Postgres' clock, plus the wait since)."""
+    if fan.complete and state.age_seconds is not None:
+        metrics.fanned_in(state.age_seconds + (time.monotonic() - loaded))
+
+
+def request_hash(checked: validation.Submission) -> str:
+    """What makes two submits under one key the same request: the proposals (call id,
+    tool, arguments, in order), the operation ids the caller gave, and who asked in which
+    conversation. Not the request id: it names an attempt, not the request."""
+    ctx = checked.context
+    doc = {
+        "calls": [[c.call_id, c.tool_name, arguments_hash(c.arguments)] for c in checked.calls],
+        "operation_ids": dict(sorted(checked.operation_ids.items())),
+        "user_id": ctx.user_id,
+        "roles": sorted(ctx.roles),
+        "conversation_id": ctx.conversation_id,
+    }
+    return hashlib.sha256(canonical_json(doc).encode()).hexdigest()
+
+
+def _labelled(result: Result) -> dict[str, Any]:
+    """A result as JSON; a failure carries the trust label (a success's data has it)."""
+    doc = result.model_dump(mode="json", exclude_none=True)
+    if doc["status"] != "succeeded":
+        doc["trust"] = TRUST_LABEL
+    return doc
+
+
+class Producer:
+    """Embed this in an application: ``Producer.from_env().submit(proposals, context)``."""
+
+    def __init__(
+        self,
+        *,
+        settings: Settings,
+        engine: Engine,
+        redis_connection: redis.Redis,
+        registry: tool_registry.Registry,
+    ) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.redis = redis_connection
+        self.registry = registry
+        self.queue: Queue = transport.job_queue(redis_connection, settings.queue)
+
+    @classmethod
+    def from_env(cls, settings: Settings | None = None) -> Producer:
+        """Build from ``CALLGATE_DATABASE_URL``, ``CALLGATE_REDIS_URL``, ``CALLGATE_TOOLS``
+        (required) and friends, or from ``settings`` read from them."""
+        settings = settings or Settings.from_env()
+        registry = tool_registry.from_settings(settings)  # a missing registry fails first
+        return cls(
+            settings=settings,
+            engine=db.create(settings.require_database(), application_name="callgate-producer"),
+            redis_connection=transport.connect(settings.require_redis()),
+            registry=registry,
+        )
+
+    def submit(
+        self,
+        proposals: Sequence[ProposedCall | Mapping[str, Any]],
+        context: CallContext | Mapping[str, Any],
+        *,
+        operation_ids: Mapping[str, str] | None = None,
+        submit_key: str | None = None,
+    ) -> Turn:
+        """Record the turn, its calls and one operation per call, then enqueue the calls.
+
+        ``operation_ids`` maps a call id to an operation id the application issued before
+        (a retry of the same logical write in a new turn): that operation is reused.
+        Reads are enqueued at once; of the writes only the first, the rest follow in order.
+
+        ``submit_key`` makes the submit idempotent: a repeat with the same key (per tenant)
+        and the same request (proposals, operation ids, user, roles, conversation) returns
+        the turn the first one recorded, and records nothing; the same key with another
+        request is ``idempotency_conflict``. Without one the producer picks a key itself,
+        so its own retries after a lost COMMIT reply find the turn; a submit whose outcome
+        it cannot know raises ``ServiceUnavailable`` naming that key (``exc.submit_key``,
+        ``exc.recorded is None``): submit again with it.
+
+        Input is checked before anything is recorded (producer/validation.py): a refusal is
+        an ``InputError`` (``invalid_input``, or ``invalid_arguments_json`` for string
+        arguments) and stores nothing. An operation id may appear once per turn.
+        """
+        if submit_key is not None:
+            validation.check_id(submit_key, "submit key")
+        checked = validation.check_submission(
+            proposals, context, operation_ids, limits=validation.Limits.of(self.settings)
+        )
+        ctx = checked.context
+        key = submit_key if submit_key is not None else f"auto-{uuid.uuid4().hex}"
+        planned = plan(checked.calls, ctx, self.registry, checked.operation_ids)
+
+        decided: list[turns.PlannedCall] = []
+
+        def decide(facts: turns.ConversationFacts) -> list[turns.PlannedCall]:
+            decided[:] = apply_budgets(
+                planned,
+                facts,
+                turn_budget=self.settings.turn_call_budget,
+                conversation_budget=self.settings.conversation_call_budget,
+            )
+            return list(decided)
+
+        recorded = self._record(ctx, planned, decide, key, request_hash(checked))
+        if not recorded.repeat:
+            metrics.calls_proposed_all(
+                (p.proposal.tool_name for p in recorded.planned), self.registry.tools
+            )
+        turn = recorded.as_turn()
+        try:
+            transport.enqueue_calls(
+                self.queue, recorded.dispatch, timeout=self.settings.job_timeout_seconds
+            )
+        except ServiceUnavailable as exc:
+            # The turn is recorded; the sweeper dispatches it once Redis is back.
+            raise ServiceUnavailable(
+                f"turn {turn.turn_id} is recorded but not yet enqueued ({exc.message}); "
+                "the sweeper will dispatch it",
+                code=exc.code,
+                submit_key=key,
+                recorded=True,
+            ) from exc
+        return turn
+
+    def _record(
+        self,
+        ctx: CallContext,
+        planned: list[turns.PlannedCall],
+        decide: turns.Decide,
+        key: str,
+        content_hash: str,
+    ) -> turns.Recorded:
+        """``turns.record_turn`` under ``key``, again after a lost connection (a PostgreSQL
+        restart, a terminated backend) for up to ``db.RECONNECT_SECONDS``.
+
+        Every attempt claims the turn under the key first, in its own transaction: after a
+        failure during COMMIT (the reply lost, the turn committed) the next attempt finds
+        that turn and returns it, and records nothing. So the retry is safe whatever the
+        failed attempt did, and the error at the end says what is known: nothing recorded
+        (every attempt failed before COMMIT), or outcome unknown.
+        """
+        progress = turns.RecordProgress()
+        turn_id = uuid.uuid4()
+
+        def attempt() -> turns.Recorded:
+            return turns.record_turn(
+                self.engine,
+                ctx,
+                planned,
+                decide,
+                turn_id=turn_id,
+                submit_key=key,
+                submit_hash=content_hash,
+                progress=progress,
+            )
+
+        try:
+            with db.translate_errors("submit"):
+                return db.retry_until(attempt)
+        except ServiceUnavailable as exc:
+            if not progress.commit_sent:
+                raise ServiceUnavailable(
+                    f"{exc.message}; nothing was recorded", submit_key=key, recorded=False
+                ) from exc
+            raise ServiceUnavailable(
+                f"{exc.message} while committing the turn: outcome unknown, the turn may be "
+                f"recorded. Submit again with submit key {key!r} (a repeat returns that turn "
+                "and records nothing twice)",
+                submit_key=key,
+                recorded=None,
+            ) from exc
+
+    def collect(self, turn_id: str, timeout: float) -> Collected:
+        """Wait up to ``timeout`` seconds for one terminal result per proposed call.
+
+        Returns as soon as the last result arrives. On timeout, ``pending`` names the calls
+        without a result: nothing is invented for them. ``timeout`` must be finite and not
+        negative (``InputError`` otherwise).
+        """
+        validation.check_timeout(timeout)
+        deadline = time.monotonic() + timeout
+        # Every read here changes nothing: after a lost connection (a PostgreSQL restart, a
+        # terminated backend) it is simply sent again on a new one, within the timeout (and
+        # at least ``db.RECONNECT_SECONDS`` for the first, without which nothing is known).
+        state = first_read(self.engine, turn_id, timeout)
+        loaded = time.monotonic()
+        fan = FanIn(state.proposals)
+        fan.add_all(state.results)
+        stream = transport.results_stream(self.settings.queue, state.turn_id)
+        last_id = "0-0"
+        pacing = Pacing(now=time.monotonic(), deadline=deadline, recheck=POSTGRES_RECHECK_SECONDS)
+        while (step := pacing.step(fan.complete, time.monotonic())).next is not Next.DONE:
+            if step.next is Next.READ_POSTGRES:
+                results = recheck(self.engine, state.turn_id)
+                pacing.postgres_read(time.monotonic())
+                fan.add_all(results or [])
+            elif step.next is Next.WAIT:
+                time.sleep(step.seconds)
+            else:
+                try:
+                    reply: Any = self.redis.xread(
+                        {stream: last_id}, block=max(1, int(step.seconds * 1000)), count=500
+                    )
+                except REDIS_AWAY as exc:
+                    log.warning("collect: cannot reach Redis (%s); reading PostgreSQL", exc)
+                    pacing.redis_failed(time.monotonic())
+                    last_id = "0-0"
+                    continue
+                for _stream, entries in reply or []:
+                    for entry_id, fields in entries:
+                        last_id = entry_id.decode()
+                        fan.add(json.loads(fields[b"result"]))
+        fanned_in(state, fan, loaded)
+        awaiting: dict[str, str] = {}
+        if not fan.complete:
+            with db.translate_errors("collect"):
+                awaiting = db.retry_until(
+                    lambda: turns.awaiting_approval(self.engine, state.turn_id)
+                )
+        return Collected(
+            turn_id=str(state.turn_id),
+            complete=fan.complete,
+            results=fan.ordered(),
+            pending=fan.pending,
+            proposals=list(state.proposals),
+            awaiting_approval={c: a for c, a in awaiting.items() if c in fan.pending},
+        )
+
+    def close(self) -> None:
+        self.engine.dispose()
+        self.redis.close()

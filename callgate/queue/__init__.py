@@ -1,0 +1,1 @@
+"""Redis as transport: the RQ queue, its keys and the scripts that read them."""

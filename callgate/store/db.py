@@ -1,0 +1,281 @@
+"""Connections to Postgres, and the one place driver errors become callgate errors."""
+
+from __future__ import annotations
+
+import re
+import time
+import weakref
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import psycopg
+from psycopg.rows import namedtuple_row
+from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, IntegrityError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+
+from callgate.core.errors import ConfigurationError, InputError, ServiceUnavailable
+
+_T = TypeVar("_T")
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Accept libpq-style ``postgresql://`` URLs and pin the psycopg 3 driver."""
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise ConfigurationError(f"not a database URL: {url!r}") from None
+    if parsed.get_backend_name() != "postgresql":
+        raise ConfigurationError(f"callgate needs PostgreSQL, got {parsed.drivername!r}")
+    return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
+
+
+def libpq_url(url: str) -> str:
+    """The same URL in the form psycopg.connect() takes (for LISTEN connections)."""
+    parsed = make_url(sqlalchemy_url(url))
+    return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def create(
+    url: str,
+    *,
+    pool_size: int = 2,
+    max_overflow: int | None = None,
+    application_name: str = "callgate",
+) -> Engine:
+    return create_engine(
+        sqlalchemy_url(url),
+        pool_size=pool_size,
+        max_overflow=max(4, pool_size) if max_overflow is None else max_overflow,
+        # No pre-ping: it would cost a round trip per checkout on the hot path. A connection
+        # broken by a Postgres restart fails its statement and is discarded; the job is
+        # re-run by the sweeper.
+        pool_recycle=600,
+        connect_args={"application_name": application_name, "connect_timeout": 5},
+    )
+
+
+@contextmanager
+def translate_errors(what: str) -> Iterator[None]:
+    """Turn "cannot reach Postgres" into one actionable ServiceUnavailable, and a value
+    Postgres refuses into an InputError.
+
+    A refused value (a DataError such as a NUL in text, an IntegrityError, a key past the
+    index's row size) is not an outage: retrying it can never succeed. Its message names
+    the kind of refusal only, never the statement or the value.
+    """
+    try:
+        yield
+    except (DataError, IntegrityError) as exc:
+        raise _refused(what, exc.orig) from exc
+    except UnicodeEncodeError as exc:  # the driver cannot send a lone surrogate as UTF-8
+        raise _refused(what, exc) from exc
+    except OperationalError as exc:
+        if isinstance(exc.orig, psycopg.errors.ProgramLimitExceeded):
+            raise _refused(what, exc.orig) from exc
+        raise ServiceUnavailable(f"{what}: cannot reach PostgreSQL ({_first_line(exc)})") from exc
+    except (psycopg.DataError, psycopg.IntegrityError, psycopg.errors.ProgramLimitExceeded) as exc:
+        raise _refused(what, exc) from exc
+    except psycopg.OperationalError as exc:
+        raise ServiceUnavailable(f"{what}: cannot reach PostgreSQL ({_first_line(exc)})") from exc
+    except DBAPIError as exc:
+        if exc.connection_invalidated:
+            raise ServiceUnavailable(f"{what}: lost the PostgreSQL connection") from exc
+        raise
+
+
+def _refused(what: str, orig: BaseException | None) -> InputError:
+    kind = type(orig).__name__ if orig is not None else "DataError"
+    return InputError(
+        f"{what}: PostgreSQL refused a value ({kind}); check the input's ids, sizes and characters"
+    )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(getattr(exc, "orig", None) or exc)
+    return text.strip().splitlines()[0] if text.strip() else type(exc).__name__
+
+
+@contextmanager
+def autocommit(engine: Engine) -> Iterator[Connection]:
+    """A connection for one self-contained statement: no BEGIN/COMMIT round trips.
+
+    Each guarantee statement (reserve, complete, reject, …) is atomic on its own; wrapping
+    it in an explicit transaction would only add two round trips.
+    """
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        yield conn
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A failure the same statement may not meet again: a connect refused or failed, a lost
+    or terminated connection, a deadlock or serialization abort. Not bad data, not a
+    constraint violation. As SQLAlchemy wraps it or as the driver raised it (a connection
+    opened outside the engine, a tool's handler talking to its own database)."""
+    if isinstance(exc, OperationalError):  # includes deadlock_detected, admin_shutdown
+        return not isinstance(exc.orig, psycopg.errors.ProgramLimitExceeded)  # a value too big
+    if isinstance(exc, psycopg.OperationalError):  # the same errors, unwrapped
+        return not isinstance(exc, psycopg.errors.ProgramLimitExceeded)
+    if isinstance(exc, PoolTimeout):  # every pooled connection stayed busy: not this call's bug
+        return True
+    return isinstance(exc, DBAPIError) and exc.connection_invalidated
+
+
+def is_connection_failure(exc: BaseException) -> bool:
+    """Whether a tool's own downstream connection failed in a way a repeat may not meet."""
+    return is_transient(exc)
+
+
+# Exponential back-off between attempts: 50 ms, 100 ms, 200 ms, 400 ms, then 1 s, for up to
+# TRANSIENT_SECONDS in all: long enough to ride out a PostgreSQL restart (a few seconds).
+TRANSIENT_WAIT = 0.05
+TRANSIENT_MAX_WAIT = 1.0
+TRANSIENT_SECONDS = 10.0
+
+
+def retry_transient(attempt: Callable[[], _T]) -> _T:
+    """Run ``attempt`` (one guarded, self-contained statement), again on a transient failure,
+    for up to ``TRANSIENT_SECONDS``; the last failure is raised as it is.
+
+    Only for statements that are safe to repeat: each guarantee statement is guarded on the
+    state it moves from, so a repeat after a commit whose reply was lost changes nothing
+    (and the reservation recognises its own earlier commit by its owner token). A broken
+    pooled connection is discarded when it fails, so each attempt after one reconnects.
+    (A plain loop: a tenacity ``Retrying`` built per statement cost more CPU than the
+    statement's own client side.)
+    """
+    return retry_until(attempt, seconds=TRANSIENT_SECONDS)
+
+
+# How long a caller that waits anyway (a producer collecting a turn, recording one) keeps
+# reconnecting through an outage: a PostgreSQL restart takes a few seconds.
+RECONNECT_SECONDS = 15.0
+
+
+def retry_until(attempt: Callable[[], _T], *, seconds: float = RECONNECT_SECONDS) -> _T:
+    """Run ``attempt`` again on a transient failure until ``seconds`` have passed, with
+    exponential back-off (at most 1 s). A broken pooled connection is discarded by the pool
+    when it fails, so the next attempt opens a new one: this is the reconnect.
+
+    Only for what is safe to repeat: a read (it changes nothing), or a transaction that a
+    failure is known to have rolled back (see ``Producer.submit``).
+    """
+    deadline = time.monotonic() + seconds
+    n = 0
+    while True:
+        n += 1
+        try:
+            return attempt()
+        except Exception as exc:
+            wait = min(TRANSIENT_WAIT * 2 ** (n - 1), TRANSIENT_MAX_WAIT)
+            if not is_transient(exc) or time.monotonic() + wait > deadline:
+                raise
+            time.sleep(wait)
+
+
+# --- the hot path: guarantee statements on the pooled driver connection ---------------------
+
+# SQLAlchemy's own pattern for :name bind parameters in text() (not ::casts, not \:).
+_BIND = re.compile(r"(?<![:\w\\]):(\w+)(?!:)")
+
+
+class Statement:
+    """A SQL text written with SQLAlchemy-style ``:name`` parameters, converted once to
+    psycopg's ``%(name)s`` form, so the hot path sends it without building a ``text()``
+    construct, compiling it and wrapping its result each time. The SQL Postgres receives
+    is the same text with the same parameters."""
+
+    __slots__ = ("driver_sql", "sql")
+
+    def __init__(self, sql: str) -> None:
+        self.sql = sql
+        self.driver_sql = _BIND.sub(r"%(\1)s", sql.replace("%", "%%"))
+
+
+# Called once per statement sent on the hot path (the round-trip counter listens here: these
+# statements do not pass through SQLAlchemy's engine events).
+_raw_listeners: weakref.WeakKeyDictionary[Engine, list[Callable[[], None]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def on_raw_statement(engine: Engine, listener: Callable[[], None]) -> None:
+    _raw_listeners.setdefault(engine, []).append(listener)
+
+
+class RawConnection:
+    """A pooled connection in autocommit mode: each statement is its own transaction."""
+
+    __slots__ = ("_listeners", "driver", "engine")
+
+    def __init__(self, engine: Engine, driver: psycopg.Connection[Any]) -> None:
+        self.engine = engine
+        self.driver = driver
+        self._listeners = _raw_listeners.get(engine, ())
+
+    def execute(self, statement: Statement, params: Mapping[str, Any]) -> list[Any]:
+        """Every row the statement returns, as named tuples (``row.column``)."""
+        for listener in self._listeners:
+            listener()
+        with self.driver.cursor(row_factory=namedtuple_row) as cur:
+            # Prepared on first use on each connection (psycopg's default waits for the
+            # sixth): Postgres then parses and plans each guarantee statement once per
+            # connection, not on every one of its first five runs.
+            cur.execute(statement.driver_sql, params, prepare=True)
+            return cur.fetchall() if cur.description is not None else []
+
+    def first(self, statement: Statement, params: Mapping[str, Any]) -> Any:
+        rows = self.execute(statement, params)
+        return rows[0] if rows else None
+
+    def one(self, statement: Statement, params: Mapping[str, Any]) -> Any:
+        rows = self.execute(statement, params)
+        if len(rows) != 1:
+            raise RuntimeError(f"expected one row, got {len(rows)}")
+        return rows[0]
+
+
+@contextmanager
+def raw_autocommit(engine: Engine) -> Iterator[RawConnection]:
+    """Like ``autocommit``, on the pool's psycopg connection itself, for the guarantee
+    statements a worker sends per call: about half the client CPU of a statement through
+    SQLAlchemy's ``Connection``. A driver error leaves as the SQLAlchemy exception the
+    engine would have raised (``OperationalError``, ``DataError``, …, with
+    ``connection_invalidated`` on a lost connection), so ``is_transient``,
+    ``translate_errors`` and the retries treat it exactly alike; a lost connection is
+    discarded, and so are the pool's other connections older than it (what SQLAlchemy
+    does on a disconnect: after a Postgres restart they are all dead)."""
+    try:
+        fairy = engine.raw_connection()
+    except psycopg.Error as exc:
+        # A connect refused or cut (a restart, max_connections): the pool hands on the
+        # driver's own error here, where ``engine.connect()`` raises SQLAlchemy's
+        # OperationalError. Raised as that one, so the retries ride it out like a lost
+        # connection and the worker never mistakes it for a bug of its own.
+        raise DBAPIError.instance(
+            None, None, exc, psycopg.Error, hide_parameters=True, dialect=engine.dialect
+        ) from exc
+    driver: Any = fairy.driver_connection
+    try:
+        driver.autocommit = True
+        yield RawConnection(engine, driver)
+    except psycopg.Error as exc:
+        lost = bool(driver.closed or driver.broken)
+        if lost:
+            engine.pool._invalidate(fairy, exc)
+        raise DBAPIError.instance(
+            None,
+            None,
+            exc,
+            psycopg.Error,
+            hide_parameters=True,
+            connection_invalidated=lost,
+            dialect=engine.dialect,
+        ) from exc
+    finally:
+        if not (driver.closed or driver.broken):
+            # The pool's other users expect a connection that opens transactions.
+            driver.autocommit = False
+        fairy.close()

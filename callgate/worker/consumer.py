@@ -1,0 +1,351 @@
+"""A worker process's consumer: takes call refs off callgate's RQ queue, K at a time.
+
+Why not RQ's own worker loop: it runs one job at a time per process, and most of a no-op
+call's time goes to per-job bookkeeping (started and finished registries, job heartbeats,
+results) that callgate does not need: Postgres holds every call's state, lease and result,
+and the sweeper dispatches again whatever is lost. The queue stays RQ's (producers enqueue
+with ``Queue.enqueue_many``; ``rq info`` shows the queue and these workers); this consumer
+reads it with two Redis round trips per batch of jobs and deletes each job as it takes it.
+
+Each call runs on a thread of its own, up to ``concurrency`` at once, with its own lease,
+heartbeat, fence and completion. ``stop()`` (SIGTERM) stops taking calls and waits for the
+ones in flight up to a grace period; a SIGKILL loses nothing that Postgres does not still
+know about.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import cast
+
+from redis.exceptions import RedisError
+from rq import SimpleWorker
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from callgate.core.errors import ServiceUnavailable
+from callgate.observe import metrics
+from callgate.queue import transport
+from callgate.store import db
+from callgate.worker import executor, heartbeat
+from callgate.worker.runtime import Runtime
+
+log = logging.getLogger("callgate.worker")
+
+POLL_SECONDS = 1.0
+REGISTRATION_HEARTBEAT_SECONDS = 60.0
+# A delivery that failed because PostgreSQL or Redis was unreachable is made again by the same
+# worker, up to this many deliveries in all, this long apart.
+OUTAGE_DELIVERIES = 3
+OUTAGE_PAUSE_SECONDS = 1.0
+
+
+class Consumer:
+    def __init__(
+        self,
+        rt: Runtime,
+        *,
+        concurrency: int,
+        name: str | None = None,
+        burst: bool = False,
+        grace_seconds: float = 30.0,
+    ) -> None:
+        self.rt = rt
+        self.concurrency = concurrency
+        self.burst = burst
+        self.grace_seconds = grace_seconds
+        self.queue_key = rt.queue.key
+        self.in_flight = 0
+        self.done = 0
+        self._slots = threading.Condition()
+        self._stopping = threading.Event()
+        self._stop_requested_at: float | None = None
+        # Calls still running when the grace period ended: their leases are no longer renewed,
+        # and the process must exit without waiting for them (see ``process.run``).
+        self.abandoned = 0
+        # Registered with RQ only so that `rq info` and Worker.all() see this process.
+        self._registration = SimpleWorker(
+            [rt.queue], connection=rt.redis, name=name, serializer=JSONSerializer
+        )
+        self.name: str = self._registration.name
+        queue = rt.settings.queue
+        self._keys = [
+            self.queue_key,
+            transport.taking_key(queue, self.name),
+            transport.taken_key(queue, self.name),
+        ]
+        self._job_prefix = Job.redis_job_namespace_prefix
+        self._take_script = rt.redis.register_script(transport.TAKE_LUA)
+        # Job ids whose deliveries returned: dropped from the taken hash on the next take.
+        self._returned: list[str] = []
+        # Job ids whose deliveries run now (submitted, not yet returned).
+        self._running: set[str] = set()
+        # A take script call failed: its reply may have been lost after the script took jobs
+        # into the taken hash, so the next take first looks there for jobs it never got.
+        self._reconcile = False
+        self._liveness = Liveness(rt, self.name)
+
+    def stop(self) -> None:
+        """Take no more calls; the ones in flight finish (within the grace period, counted
+        from the first request to stop)."""
+        if self._stop_requested_at is None:
+            self._stop_requested_at = time.monotonic()
+        self._stopping.set()
+        with self._slots:
+            self._slots.notify_all()
+
+    def run(self) -> None:
+        self._registration.register_birth()  # type: ignore[no-untyped-call]
+        self._liveness.start()
+        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="call")
+        next_heartbeat = time.monotonic() + REGISTRATION_HEARTBEAT_SECONDS
+        try:
+            while not self._stopping.is_set():
+                free = self._wait_for_free_slot()
+                if free == 0:
+                    continue
+                try:
+                    refs = self._take(free)
+                except RedisError as exc:
+                    # Redis is down or restarting, or refuses for now (READONLY after a
+                    # failover, OOM, loading): keep the calls in flight, try again. What Redis
+                    # held meanwhile is re-dispatched from Postgres by the sweeper.
+                    log.warning("cannot take calls from Redis (%s: %s); retrying", _name(exc), exc)
+                    self._stopping.wait(POLL_SECONDS)
+                    continue
+                if not refs:
+                    if self.burst and self.in_flight == 0:
+                        break
+                    continue
+                metrics.calls_taken(len(refs))
+                for job_id, ref in refs:
+                    with self._slots:
+                        self.in_flight += 1
+                        self._running.add(job_id)
+                    metrics.WORKER_IN_FLIGHT.inc()
+                    pool.submit(self._run_one, job_id, ref)
+                if time.monotonic() >= next_heartbeat:
+                    with contextlib.suppress(RedisError):
+                        self._registration.heartbeat()
+                    next_heartbeat = time.monotonic() + REGISTRATION_HEARTBEAT_SECONDS
+        finally:
+            self.abandoned = self._drain()
+            if self.abandoned:
+                # Before anything else: past the grace no lease of this process moves again,
+                # so the calls it leaves are taken over when their leases run out.
+                heartbeat.stop_renewing(self.rt.engine)
+            pool.shutdown(wait=False, cancel_futures=True)
+            with contextlib.suppress(RedisError):
+                self._liveness.stop(self._pop_returned())
+                self._registration.register_death()  # type: ignore[no-untyped-call]
+
+    def _wait_for_free_slot(self) -> int:
+        with self._slots:
+            while self.in_flight >= self.concurrency and not self._stopping.is_set():
+                self._slots.wait(POLL_SECONDS)
+            return 0 if self._stopping.is_set() else self.concurrency - self.in_flight
+
+    def _take(self, count: int) -> list[tuple[str, uuid.UUID]]:
+        """Up to ``count`` (job id, call ref): whatever is queued now, else wait briefly for
+        one. Each job taken is recorded in this worker's taken hash in the same atomic step,
+        so a sweeper can dispatch it again if this process dies before it finishes."""
+        refs = self._reclaim(count) if self._reconcile else []
+        if len(refs) == count:
+            return refs
+        returned = self._pop_returned()
+        replies = self._call_take_script(count - len(refs), returned)
+        if not replies and not refs and not (self.burst and self.in_flight == 0):
+            # Wait for a job: BLMOVE keeps it on Redis (the taking list) until the script
+            # takes it, so no moment exists where only this process knows of it.
+            moved = self.rt.redis.blmove(
+                self._keys[0], self._keys[1], int(POLL_SECONDS), "LEFT", "RIGHT"
+            )
+            if moved:
+                replies = self._call_take_script(count, [])
+        return refs + self._refs(list(zip(replies[::2], replies[1::2], strict=True)))
+
+    def _call_take_script(self, count: int, returned: list[str]) -> list[bytes]:
+        try:
+            replies: list[bytes] = self._take_script(
+                keys=self._keys, args=[count, self._job_prefix, *returned]
+            )
+        except BaseException:
+            # The script may have run with its reply lost: the ids it was to drop are sent
+            # again (dropping one twice is harmless), and the jobs it may have taken are
+            # looked for in the taken hash before the next take.
+            with self._slots:
+                self._returned[:0] = returned
+            self._reconcile = True
+            raise
+        return replies
+
+    def _reclaim(self, count: int) -> list[tuple[str, uuid.UUID]]:
+        """Jobs in this worker's taken hash that this process does not know it took (a take
+        whose reply was lost), up to ``count``. Only this thread adds to the hash, so what is
+        there and neither running nor returned was taken by a script whose reply never came."""
+        with self._slots:
+            known = self._running | set(self._returned)
+        held = cast(dict[bytes, bytes], self.rt.redis.hgetall(self._keys[2]))
+        stranded = [(job_id, data) for job_id, data in held.items() if job_id.decode() not in known]
+        if len(stranded) <= count:
+            self._reconcile = False  # all found; else the rest on the next take
+        if stranded:
+            log.warning(
+                "found %d call(s) this worker took without receiving them (a lost reply "
+                "from Redis); running them now",
+                min(len(stranded), count),
+            )
+        return self._refs(stranded[:count])
+
+    def _refs(self, jobs: list[tuple[bytes, bytes]]) -> list[tuple[str, uuid.UUID]]:
+        refs = []
+        for job_id, data in jobs:
+            ref = transport.call_ref(data)
+            if ref is not None:
+                refs.append((job_id.decode(), ref))
+            else:
+                with self._slots:
+                    self._returned.append(job_id.decode())
+        return refs
+
+    def _pop_returned(self) -> list[str]:
+        with self._slots:
+            returned, self._returned = self._returned, []
+        return returned
+
+    def _run_one(self, job_id: str, ref: uuid.UUID) -> None:
+        try:
+            for attempt in range(1, OUTAGE_DELIVERIES + 1):
+                try:
+                    executor.execute(self.rt, ref)
+                    break
+                except Exception as exc:
+                    if attempt < OUTAGE_DELIVERIES and _outage(exc):
+                        # PostgreSQL went away for longer than one statement's retries (a
+                        # restart): deliver the call again here rather than leave it to the
+                        # stale sweep. A delivery is always safe to repeat (the reservation
+                        # CAS, the guarded completion).
+                        log.warning("delivery of call %s met an outage (%s); again", ref, exc)
+                        self._stopping.wait(OUTAGE_PAUSE_SECONDS)
+                        continue
+                    # The call stays open in Postgres; the sweeper dispatches it again.
+                    if _outage(exc):  # expected: a long outage, not a bug (no traceback)
+                        log.warning(
+                            "delivery of call %s met an outage %d times (%s); left open for "
+                            "the sweeper",
+                            ref,
+                            attempt,
+                            exc,
+                        )
+                    else:
+                        log.exception("delivery of call %s failed", ref)
+                    break
+        finally:
+            metrics.WORKER_IN_FLIGHT.dec()
+            with self._slots:
+                self._running.discard(job_id)
+                self._returned.append(job_id)
+                self.in_flight -= 1
+                self.done += 1
+                self._slots.notify_all()
+
+    def _drain(self) -> int:
+        """Wait for the calls in flight until the grace period ends; the count still running."""
+        start = self._stop_requested_at or time.monotonic()
+        deadline = start + self.grace_seconds
+        with self._slots:
+            while self.in_flight and time.monotonic() < deadline:
+                self._slots.wait(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+            if self.in_flight:
+                log.warning(
+                    "%d call(s) still running after the %g s grace period; their leases are "
+                    "no longer renewed, this worker exits, and another worker takes them over "
+                    "once the leases expire",
+                    self.in_flight,
+                    self.grace_seconds,
+                )
+            return self.in_flight
+
+
+def _outage(exc: BaseException) -> bool:
+    return isinstance(exc, ServiceUnavailable) or db.is_transient(exc)
+
+
+class Liveness:
+    """Keeps this worker's liveness key alive on a thread of its own, so sweepers can tell
+    a dead worker from a busy one within ``LIVENESS_TTL_SECONDS`` (a job heartbeat on the
+    consumer's loop would stall whenever every slot is busy)."""
+
+    def __init__(self, rt: Runtime, name: str) -> None:
+        self.redis = transport.own_client(rt.redis, socket_timeout=LIVENESS_SOCKET_TIMEOUT_SECONDS)
+        self.name = name
+        self.queue = rt.settings.queue
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._failing = False
+
+    def start(self) -> None:
+        self._beat()
+        self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        try:
+            with self.redis.pipeline(transaction=False) as pipe:
+                pipe.sadd(transport.workers_key(self.queue), self.name)
+                pipe.set(
+                    transport.liveness_key(self.queue, self.name),
+                    "1",
+                    px=int(transport.LIVENESS_TTL_SECONDS * 1000),
+                )
+                pipe.execute()
+        except Exception as exc:
+            # Whatever Redis answers (unreachable, READONLY after a failover, OOM), this thread
+            # beats again a second later: if it died, the worker would run on unlisted, its
+            # calls dispatched again by every sweeper, until it was restarted.
+            if not self._failing:
+                log.warning("liveness beat refused (%s: %s); beating on", _name(exc), exc)
+            self._failing = True
+            return
+        if self._failing:
+            log.info("liveness beat accepted again")
+        self._failing = False
+
+    def _run(self) -> None:
+        while not self._stop.wait(transport.LIVENESS_BEAT_SECONDS):
+            self._beat()
+
+    def stop(self, returned: list[str]) -> None:
+        """Stop beating. A worker whose taken hash is empty once ``returned`` is dropped
+        leaves the list; one with calls still in it (running past the grace period, or taken
+        by a script whose reply was lost) stays listed, and a sweeper dispatches them again
+        now that its liveness key is gone."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        taken = transport.taken_key(self.queue, self.name)
+        with self.redis.pipeline(transaction=False) as pipe:
+            if returned:
+                pipe.hdel(taken, *returned)
+            pipe.delete(transport.liveness_key(self.queue, self.name))
+            pipe.hlen(taken)
+            left = pipe.execute()[-1]
+        if left == 0:
+            self.redis.srem(transport.workers_key(self.queue), self.name)
+        self.redis.connection_pool.disconnect()
+
+
+# A beat that waits on Redis longer than this gives up and beats again: the shared pool's
+# reads may wait minutes (RQ's worker raises its socket timeout to the job timeout), and a
+# liveness thread blocked on a stalled Redis would let its key expire long after Redis came
+# back, so sweepers would take a live worker for a dead one.
+LIVENESS_SOCKET_TIMEOUT_SECONDS = 2.0
+
+
+def _name(exc: BaseException) -> str:
+    return type(exc).__name__

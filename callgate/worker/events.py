@@ -1,0 +1,133 @@
+"""What one delivery did, told twice: Prometheus counters (``callgate/observe/metrics.py``) and one
+structured log record per state change (``callgate/core/logs.py``).
+
+Each record carries the call's turn, call and operation ids and bounded facts (tool,
+generation, status, code, layer), never arguments, results or secrets. The executor calls
+one function per event, on one line, after the statement that made the change committed:
+nothing here touches Postgres or Redis.
+
+Records are written at INFO (``reconciliation_pending`` at WARNING: a person must act), so
+the default level (WARNING) keeps a worker's hot path quiet.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from callgate.core import logs
+from callgate.core.errors import ErrorCode
+from callgate.observe import metrics
+from callgate.store.calls import CallRecord
+
+log = logging.getLogger("callgate.worker")
+
+RECONCILIATION_PENDING = ErrorCode.RECONCILIATION_PENDING.value
+
+
+def ids(call: CallRecord) -> dict[str, Any]:
+    """The log fields that say which call a record is about."""
+    return {
+        "turn_id": call.turn_id,
+        "call_id": call.call_id,
+        "call_ref": call.ref,
+        "operation_id": call.operation_id,
+    }
+
+
+def _event(level: int, event: str, call: CallRecord, tool: str, **facts: Any) -> None:
+    if log.isEnabledFor(level):  # the ids cost nothing when the level is off
+        logs.event(log, event, level, tool=tool, **ids(call), **facts)
+
+
+def delivered(call: CallRecord, tool: str, outcome: str) -> str:
+    """Count a delivery that changed nothing; returns ``outcome`` unchanged."""
+    if outcome == "duplicate_delivery":
+        metrics.duplicate_delivery(tool)
+    return outcome
+
+
+def reserved(call: CallRecord, tool: str, generation: int, takeover: bool, since: float) -> None:
+    """The operation is this delivery's at ``generation``: the gate's verdict was to run."""
+    metrics.gate_verdict(tool, time.monotonic() - since)
+    if takeover:
+        metrics.lease_takeover(tool)
+    name = "taken_over" if takeover else "reserved"
+    _event(logging.INFO, name, call, tool, generation=generation)
+
+
+def rejected_stale(call: CallRecord, tool: str, what: str, generation: int) -> None:
+    """``stale_fence`` (the downstream refused this generation) or ``stale_completion`` (the
+    completion found a newer owner): this owner's work changes nothing."""
+    if what == "stale_fence":
+        metrics.stale_fence(tool)
+    else:
+        metrics.stale_completion(tool)
+    _event(logging.INFO, "rejected_stale", call, tool, generation=generation, code=what)
+
+
+def completed(
+    call: CallRecord,
+    tool: str,
+    status: str,
+    code: str | None,
+    count: int,
+    generation: int | None = None,
+    operation_ended: bool = True,
+) -> None:
+    """``count`` calls ended with the outcome of an operation that ran (or was concluded)."""
+    metrics.result(tool, status, code, count)
+    if operation_ended and metrics.counts_as_write_operation(call.kind, status, code):
+        metrics.write_operation_completed(tool)
+    if code == RECONCILIATION_PENDING:
+        _event(logging.WARNING, "reconciliation_pending", call, tool, generation=generation)
+    else:
+        _event(
+            logging.INFO,
+            "completed",
+            call,
+            tool,
+            status=status,
+            code=code,
+            generation=generation,
+            count=count,
+        )
+
+
+def concluded(
+    call: CallRecord, tool: str, error: Mapping[str, Any], count: int, operation_ended: bool
+) -> None:
+    """A call whose intent changed during a crash gap ended without running again: its
+    operation too when ``operation_ended`` (its owner's lease had expired)."""
+    if error.get("code") == ErrorCode.IDEMPOTENCY_CONFLICT.value:
+        metrics.idempotency_conflict(tool)
+    completed(call, tool, "failed_terminal", error.get("code"), count, None, operation_ended)
+
+
+def refused(
+    call: CallRecord,
+    tool: str,
+    *,
+    verdicts: Mapping[str, str],
+    status: str,
+    code: str,
+    count: int,
+    since: float,
+) -> None:
+    """The gate refused: no handler ran, and ``count`` calls ended with the refusal."""
+    layer = metrics.refusal_layer(verdicts, code)
+    metrics.gate_verdict(tool, time.monotonic() - since)
+    metrics.gate_refused(layer, code)
+    if code == ErrorCode.IDEMPOTENCY_CONFLICT.value:
+        metrics.idempotency_conflict(tool)
+    metrics.result(tool, status, code, count)
+    _event(logging.INFO, "refused", call, tool, layer=layer, status=status, code=code, count=count)
+
+
+def reused(call: CallRecord, tool: str, count: int) -> None:
+    """``count`` calls (0 or 1) ended with their operation's stored result."""
+    if count:
+        metrics.result_reused(tool)
+        _event(logging.INFO, "result_reused", call, tool)

@@ -1,0 +1,709 @@
+"""One delivery of one call: the gate, the approval, the reservation, the handler, completion.
+
+Gate order: allowlist → parse → schema → business → authorization → risk →
+approval bound to the intent → operation register (intent hash) → reservation → handler
+with the idempotency key and the fence → completion. Every refusal commits the call's
+terminal result without a reservation, so no handler runs after it.
+
+Every path ends in exactly one of: the call's terminal result committed (by this delivery or
+an earlier one), the call parked for an approval, or a counted trace event that changes
+nothing (duplicate delivery, stale owner, waiting for the previous write). Nothing here
+trusts RQ to deliver once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry_if_exception,
+    stop_after_attempt,
+    stop_before_delay,
+    wait_exponential,
+    wait_random,
+)
+
+from callgate.core.errors import (
+    CallgateError,
+    ErrorCode,
+    ServiceUnavailable,
+    StaleFence,
+    ToolError,
+    UnstorableValue,
+)
+from callgate.core.settings import Settings
+from callgate.core.types import TERMINAL_STATES
+from callgate.observe import metrics
+from callgate.queue import transport
+from callgate.store import approvals, calls, db, reservations
+from callgate.store.turns import RAW_ARGUMENTS
+from callgate.tools import gate, redaction, results
+from callgate.tools.intent import idempotency_key, intent_hash
+from callgate.tools.registry import Arguments, ExecutionContext, Facts, Principal, Tool
+from callgate.worker import aio, events
+from callgate.worker.heartbeat import Heartbeat
+from callgate.worker.runtime import Runtime
+
+log = logging.getLogger("callgate.worker")
+
+_T = TypeVar("_T")
+
+SETTLE_ATTEMPTS = 3
+# Between two attempts of a handler: exponential back-off (0.1 s, 0.2 s, 0.4 s, … at most 2 s)
+# plus up to 0.1 s of jitter, so calls that failed together do not retry together; never less
+# than the downstream's own retry_after_ms. The attempts and the time they may take are the
+# call's retry budget (CALLGATE_RETRY_ATTEMPTS, CALLGATE_RETRY_BUDGET_SECONDS).
+BACKOFF = wait_exponential(multiplier=0.1, max=2) + wait_random(0, 0.1)
+
+
+class _Delivery:
+    """One delivery's call record, audit detail and trace helper."""
+
+    def __init__(self, rt: Runtime, call: calls.CallRecord) -> None:
+        self.rt = rt
+        self.call = call
+        self.loaded = time.monotonic()  # the gate-latency histogram starts here
+        self.tool = metrics.tool_label(call.tool_name, rt.registry.tools)  # a bounded label
+        self.verdicts: dict[str, str] = {}
+        # The trace's fields. Never the owner token, the arguments or the raw result.
+        self.audit: dict[str, Any] = {
+            "request_id": call.request_id,
+            "tool_call_id": call.call_id,
+            "tool": call.tool_name,
+            "verdicts": self.verdicts,
+        }
+
+    def trace(self, event: str, **detail: Any) -> None:
+        reservations.trace(
+            self.rt.engine,
+            event=event,
+            turn_id=self.call.turn_id,
+            call_ref=self.call.ref,
+            operation_id=self.call.operation_id,
+            generation=detail.pop("generation", None),
+            detail=redaction.redact_value(detail, names=False),
+        )
+
+
+def execute(rt: Runtime, ref: uuid.UUID) -> str:
+    """Run one delivery of call ``ref``. Returns what happened, for logs and tests."""
+    call = db.retry_transient(lambda: calls.load(rt.engine, ref))
+    if call is None:
+        log.warning("job for unknown call %s dropped", ref)
+        return "unknown_call"
+    d = _Delivery(rt, call)
+    metrics.queue_waited(call.queue_wait_seconds)
+    try:
+        return events.delivered(call, d.tool, _deliver(d))
+    except _LeaseLetGo as let_go:
+        log.warning(
+            "call %s: the downstream stayed unreachable (%s); its lease is let go, and the "
+            "call is taken over and sent again with the same key",
+            call.call_id,
+            let_go.cause,
+        )
+        with contextlib.suppress(Exception):  # PostgreSQL may be what is unreachable
+            d.trace("lease_let_go", reason=type(let_go.cause).__name__)
+        return "lease_let_go"
+    except (ServiceUnavailable, UnstorableValue):
+        raise
+    except Exception as exc:
+        if db.is_transient(exc):
+            raise  # Postgres is down or restarting: the sweeper dispatches the call again
+        # A bug on the gate's own path (the handler's failures are handled in _run): no
+        # handler ran for this delivery. End the call now rather than fail the job and let
+        # the sweeper re-dispatch it into the same bug until it runs out of dispatches.
+        log.exception("delivery of call %s failed", call.call_id)
+        err = ToolError("callgate could not process this call", code=ErrorCode.EXECUTION_FAILED)
+        return _reject(d, err)
+
+
+def _deliver(d: _Delivery) -> str:
+    call = d.call
+    if call.state in TERMINAL_STATES or call.state == "awaiting_approval":
+        # A parked call has no job: approving puts it back to 'proposed' before enqueueing.
+        d.trace("duplicate_delivery", state=call.state)
+        return "duplicate_delivery"
+    if call.after_call is not None and call.after_state not in TERMINAL_STATES:
+        # The previous write's completion dispatches this one; running now would reorder.
+        d.trace("waiting_for_previous_write")
+        return "waiting"
+
+    # Layers 1–3 depend on the call alone: a refusal ends just this call.
+    try:
+        tool, args = _check_call(d)
+    except ToolError as err:
+        return _reject(d, err)
+    d.audit["schema_version"] = tool.schema_version
+
+    principal = Principal(call.tenant_id, call.user_id, call.roles)
+    key = idempotency_key(call.tenant_id, tool.name, call.operation_id)
+    d.audit["operation_key_hash"] = key[:16]
+
+    def intent_of(canonical: Mapping[str, Any]) -> str:
+        return intent_hash(
+            arguments=_plain(args),
+            tenant_id=call.tenant_id,
+            user_id=call.user_id,
+            tool_name=tool.name,
+            tool_version=tool.version,
+            schema_version=tool.schema_version,
+            resource=canonical,
+            scope=d.rt.registry.scope_of(tool.name, call.roles),
+        )
+
+    if call.op_intent is not None and call.op_canonical is not None:
+        admitted = intent_of(call.op_canonical)
+        if admitted == call.op_intent:
+            # This exact intent was admitted before, against the canonical resource stored
+            # with it: every layer (the approval included) passed when it was reserved, or it
+            # was refused. Its layers are not judged again on today's state, which after a
+            # crash gap already holds the operation's own effect (the refund made the balance
+            # smaller; a newer payment may have arrived). Reuse the outcome, or take over.
+            d.audit["intent_hash"] = admitted
+            facts = Facts(canonical=call.op_canonical)
+            if call.op_state in ("succeeded", "failed"):
+                d.verdicts["idempotency"] = "reused"
+                return _reuse(d, admitted)
+            d.verdicts["idempotency"] = "admitted_before"
+            return _run(d, tool, args, key, admitted, facts)
+
+    try:
+        facts = _resolve(tool, args, principal, d.rt.settings)
+    except ToolError as err:
+        d.verdicts["business"] = err.code.value
+        return _reject(d, err)
+    intent = intent_of(facts.canonical)
+    d.audit["intent_hash"] = intent
+
+    # Layers 4–6 read server state: a refusal is the operation's outcome for this intent.
+    layer = "business"
+    try:
+        gate.check_business(tool, args, facts, principal)
+        d.verdicts[layer] = "pass"
+        layer = "authorization"
+        gate.check_authorized(tool, args, facts, principal)
+        d.verdicts[layer] = "pass"
+        layer = "risk"
+        impact = gate.assess_risk(tool, args, facts, principal)
+        d.verdicts[layer] = "approval_required" if impact is not None else "no_approval_needed"
+    except ToolError as err:
+        d.verdicts[layer] = err.code.value
+        return _refuse(d, intent, err, facts.canonical)
+
+    if impact is not None:
+        parked = _settle_approval(d, tool, intent, impact, facts)
+        if parked is not None:
+            return parked
+
+    return _run(d, tool, args, key, intent, facts)
+
+
+def _check_call(d: _Delivery) -> tuple[Tool, Arguments]:
+    layer = "allowlist"
+    try:
+        tool = gate.check_allowed(d.rt.registry, d.call.tool_name, d.call.roles)
+        d.verdicts[layer] = "pass"
+        layer = "parse"
+        raw = d.call.arguments
+        arguments = gate.parse_arguments(raw.get(RAW_ARGUMENTS, raw))
+        d.verdicts[layer] = "pass"
+        layer = "schema"
+        args = gate.validate_arguments(tool, arguments)
+        d.verdicts[layer] = "pass"
+    except ToolError as err:
+        d.verdicts[layer] = err.code.value
+        raise
+    return tool, args
+
+
+def _resolve(tool: Tool, args: Arguments, principal: Principal, settings: Settings) -> Facts:
+    """The status lookup behind the intent and the business and authorization layers."""
+    if tool.resolve is None:
+        return Facts()
+    resolve = tool.resolve
+    try:
+        return _read(lambda: resolve(args, principal), settings)
+    except ToolError:
+        raise
+    except Exception as exc:  # the lookup's service failed; the same call may work later
+        log.warning("status lookup for %s failed: %s", tool.name, exc)
+        raise ToolError(
+            "could not read the resource's current state", code=ErrorCode.UPSTREAM_UNAVAILABLE
+        ) from exc
+
+
+def _settle_approval(
+    d: _Delivery, tool: Tool, intent: str, impact: dict[str, Any], facts: Facts
+) -> str | None:
+    """Steps 6–7. ``None`` when an approval for exactly this intent is granted."""
+    call = d.call
+    for _ in range(SETTLE_ATTEMPTS):
+        settled = approvals.settle(
+            d.rt.engine,
+            operation_id=call.operation_id,
+            call_ref=call.ref,
+            turn_id=call.turn_id,
+            tool_name=tool.name,
+            tenant_id=call.tenant_id,
+            requested_by=call.user_id,
+            intent_hash=intent,
+            policy_version=tool.policy_version,
+            impact=impact,
+            detail=d.audit,
+        )
+        _finish(d.rt, settled.finished)
+        if settled.state is not None:
+            break
+    else:  # another delivery kept winning the race to create the request; it parked the call
+        d.trace("duplicate_delivery", reason="approval_request_race")
+        return "duplicate_delivery"
+    d.audit["approval"] = {"approval_id": str(settled.approval_id), "version": settled.version}
+    if settled.state == "pending":
+        d.verdicts["approval"] = "pending"
+        return "awaiting_approval" if settled.parked else "duplicate_delivery"
+    if settled.state == "denied":
+        d.verdicts["approval"] = ErrorCode.APPROVAL_DENIED.value
+        denied = ToolError("an approver denied this action", code=ErrorCode.APPROVAL_DENIED)
+        return _refuse(d, intent, denied, facts.canonical)
+    d.verdicts["approval"] = "granted"
+    return None
+
+
+def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts: Facts) -> str:
+    rt, call = d.rt, d.call
+    owner = uuid.uuid4()
+    sent = time.monotonic()
+    reserved = reservations.reserve(
+        rt.engine,
+        operation_id=call.operation_id,
+        call_ref=call.ref,
+        turn_id=call.turn_id,
+        owner_token=owner,
+        intent_hash=intent,
+        canonical=facts.canonical,
+        lease_seconds=rt.settings.lease_seconds,
+        detail=d.audit,
+    )
+    if isinstance(reserved, reservations.NotReserved):
+        return _lost(d, reserved, intent)
+
+    lease = reservations.Lease(call.operation_id, owner, reserved.generation, intent)
+    events.reserved(call, d.tool, reserved.generation, reserved.takeover, d.loaded)
+    started = time.monotonic()
+    detail = dict(d.audit)
+    with Heartbeat(
+        rt.engine,
+        lease,
+        rt.settings.lease_seconds,
+        reserved_at=sent,
+        max_seconds=rt.settings.job_timeout_seconds,
+    ) as heartbeat:
+        ctx = ExecutionContext(
+            tenant_id=call.tenant_id,
+            user_id=call.user_id,
+            operation_id=call.operation_id,
+            idempotency_key=key,
+            fencing_token=reserved.generation,
+            request_id=call.request_id,
+            canonical=facts.canonical,
+            lease_lost=heartbeat.expired,
+            on_effect=metrics.effect_reporter(tool.name, tool.kind),
+        )
+        outcome: _Outcome | None = None
+        if reserved.takeover and not _safe_to_repeat(tool):
+            # The previous owner died or stalled after it started: its write may have
+            # applied. Fencing cannot tell (it refuses a stale owner's late write, not a
+            # second write after the first one landed); only the tool's status lookup can.
+            outcome = _settle(d, tool, args, ctx, detail, "the previous attempt may have applied")
+        if outcome is None:
+            try:
+                outcome = _handle(d, tool, args, ctx, heartbeat, detail)
+            except StaleFence as err:
+                d.trace("stale_fence_rejected", generation=reserved.generation, message=err.message)
+                events.rejected_stale(call, d.tool, "stale_fence", reserved.generation)
+                return "stale_fence"
+    detail["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    metrics.executed(tool.name, time.monotonic() - started)
+    d.audit = detail
+    # The completion's own log record is written by ``events.completed`` (one per state change).
+    return _complete(d, lease, outcome)
+
+
+def _handle(
+    d: _Delivery,
+    tool: Tool,
+    args: Arguments,
+    ctx: ExecutionContext,
+    heartbeat: Heartbeat,
+    detail: dict[str, Any],
+) -> _Outcome:
+    """Run the handler and classify what happened. ``StaleFence`` propagates."""
+    try:
+        raw = _run_handler(
+            tool,
+            args,
+            ctx,
+            heartbeat,
+            attempts=d.rt.settings.retry_attempts,
+            budget_seconds=d.rt.settings.retry_budget_seconds,
+        )
+    except StaleFence:
+        raise
+    except ToolError as err:
+        if err.retryable and err.applied is not False and not _safe_to_repeat(tool):
+            # "Try again later" from a write that may have applied (a timeout after the
+            # request left) and that nothing downstream deduplicates: not a retry.
+            settled = _settle(d, tool, args, ctx, detail, "the write may have applied")
+            return settled or _Outcome(_status(err), _error(err))
+        return _Outcome(_status(err), _error(err))
+    except Exception as exc:  # a handler bug, a job timeout: never leak its text to the model
+        if transient_failure(exc) and _safe_to_repeat(tool):
+            if tool.kind == "write":
+                # A dropped connection to the downstream (a database restart, a terminated
+                # backend, a reset socket) with the retry budget spent. The write may have
+                # applied, but its downstream replays the key (or it is idempotent): it is
+                # re-sent, never sent to reconciliation. This delivery stops renewing its
+                # lease; once the lease expires a sweeper dispatches the call again and the
+                # new owner sends it with the same key and a larger fence.
+                raise _LeaseLetGo(exc) from exc
+            log.warning("handler %s: the downstream is unreachable: %s", tool.name, exc)
+            return _failed_retryable(
+                ErrorCode.UPSTREAM_UNAVAILABLE, "the downstream is unreachable"
+            )
+        log.exception("handler %s failed", tool.name)
+        failed = _failed(ErrorCode.EXECUTION_FAILED, "the tool failed")
+        if tool.kind == "read":
+            return failed
+        # The write's outcome is unknown, which is not a failure: it may have applied.
+        return _settle(d, tool, args, ctx, detail, "the write's outcome is unknown") or failed
+    metrics.side_effects_returned(tool.name, tool.kind, ctx.effects)
+    return _succeeded(tool, raw, detail)
+
+
+def _succeeded(tool: Tool, raw: Mapping[str, Any], detail: dict[str, Any]) -> _Outcome:
+    payload, notes = results.safe_result(tool, raw)
+    if notes:
+        detail["result_notes"] = notes
+    if (
+        tool.audit_field
+        and isinstance(raw, Mapping)
+        and isinstance(raw.get(tool.audit_field), list)
+    ):
+        # The trace links each resource id to the call; an id is tool output like any other.
+        detail["resources"] = [redaction.redact_text(str(r)) for r in raw[tool.audit_field]]
+    return _Outcome("succeeded", payload)
+
+
+def _settle(
+    d: _Delivery,
+    tool: Tool,
+    args: Arguments,
+    ctx: ExecutionContext,
+    detail: dict[str, Any],
+    why: str,
+) -> _Outcome | None:
+    """Settle a write that may have applied with the tool's status lookup: its result if it
+    applied, ``None`` if it did not (running it, or reporting the failure, is then safe).
+    Without a lookup, or if the lookup cannot tell, a person reconciles it."""
+    if tool.lookup is None:
+        return _reconciliation(why)
+    lookup = tool.lookup
+    try:
+        found = _read(lambda: lookup(args, ctx), d.rt.settings)
+    except Exception:
+        log.exception("status lookup of %s failed", tool.name)
+        d.verdicts["lookup"] = "unknown"
+        return _reconciliation(f"{why}, and the status lookup could not tell")
+    d.verdicts["lookup"] = "applied" if found is not None else "not_applied"
+    return None if found is None else _succeeded(tool, found, detail)
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    """A terminal status and its payload (the safe result, or the error)."""
+
+    status: str
+    payload: dict[str, Any]
+
+
+class _LeaseLetGo(Exception):
+    """A repeat-safe write met a transient failure beyond its retry budget: end this
+    delivery without an outcome and let the lease lapse (see ``_handle``)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def _failed_retryable(code: ErrorCode, message: str) -> _Outcome:
+    return _Outcome("failed_retryable", results.safe_error(code.value, [{"message": message}]))
+
+
+def _reconciliation(message: str) -> _Outcome:
+    return _failed(ErrorCode.RECONCILIATION_PENDING, message)
+
+
+def _failed(code: ErrorCode, message: str) -> _Outcome:
+    """A terminal failure whose one detail says, safely, what happened."""
+    return _Outcome("failed_terminal", results.safe_error(code.value, [{"message": message}]))
+
+
+def _complete(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> str:
+    """Commit ``outcome`` under ``lease``. A result Postgres cannot store still ends the
+    call: with ``execution_failed`` for a read, ``reconciliation_pending`` for a write (it
+    applied; its result is lost)."""
+    try:
+        finished = reservations.complete(
+            d.rt.engine,
+            lease,
+            status=outcome.status,
+            payload=outcome.payload,
+            detail=d.audit,
+            # The result exists only here: PostgreSQL being unreachable for longer than one
+            # statement's retries must not drop it while the lease could still be ours.
+            retry_seconds=d.rt.settings.lease_seconds,
+        )
+    except UnstorableValue as exc:
+        log.warning("call %s: %s", d.call.call_id, exc.message)
+        if d.call.kind == "write" and outcome.status == "succeeded":
+            fallback = _reconciliation("the write applied but its result cannot be stored")
+        else:
+            fallback = _failed(ErrorCode.EXECUTION_FAILED, "the result cannot be stored")
+        finished = reservations.complete(
+            d.rt.engine,
+            lease,
+            status=fallback.status,
+            payload=fallback.payload,
+            detail={"unstorable": True},
+        )
+        outcome = fallback
+    if not finished.won:
+        d.trace("stale_completion_rejected", generation=lease.generation, status=outcome.status)
+        events.rejected_stale(d.call, d.tool, "stale_completion", lease.generation)
+        return "stale_completion"
+    _finish(d.rt, finished)
+    code = outcome.payload.get("code")
+    events.completed(d.call, d.tool, outcome.status, code, finished.finished, lease.generation)
+    return "reconciliation_pending" if code == ErrorCode.RECONCILIATION_PENDING else outcome.status
+
+
+def _safe_to_repeat(tool: Tool) -> bool:
+    """May this tool run again after an attempt that may have applied? A read, a write whose
+    effect is idempotent, or one whose downstream replays an idempotency key. Fencing is not
+    enough (see ``_run``)."""
+    return tool.kind == "read" or tool.effect.idempotent or tool.downstream.idempotency_keys
+
+
+def _refuse(d: _Delivery, intent: str, err: ToolError, canonical: Mapping[str, Any]) -> str:
+    """End the operation with a refusal decided on server state, unless another delivery
+    reserved or finished it first (then that delivery's outcome stands)."""
+    outcome = reservations.refuse(
+        d.rt.engine,
+        operation_id=d.call.operation_id,
+        call_ref=d.call.ref,
+        intent_hash=intent,
+        canonical=canonical,
+        **_refusal(err, d),
+    )
+    if isinstance(outcome, reservations.NotReserved):
+        return _lost(d, outcome, intent)
+    _finish(d.rt, outcome)
+    events.refused(d.call, d.tool, **_refusal_facts(d, err), count=outcome.finished)
+    return "refused"
+
+
+def _lost(d: _Delivery, lost: reservations.NotReserved, intent: str) -> str:
+    """A guarded statement matched no row: act on why, without changing anything else."""
+    if lost.reason == "done":
+        return _reuse(d, intent)
+    if lost.reason == "conflict":
+        d.verdicts["idempotency"] = ErrorCode.IDEMPOTENCY_CONFLICT.value
+        if lost.call_state == "started":
+            return _conclude_conflict(d, lost)
+        conflict = ToolError(
+            "this operation id was registered with a different intent",
+            code=ErrorCode.IDEMPOTENCY_CONFLICT,
+        )
+        return _reject(d, conflict)
+    # busy: another live owner runs it, and its completion ends every open call of the
+    # operation; ended: another delivery already finished this call.
+    d.trace("duplicate_delivery", reason=lost.reason, generation=lost.generation)
+    return "duplicate_delivery"
+
+
+def _conclude_conflict(d: _Delivery, lost: reservations.NotReserved) -> str:
+    """This call was started under an intent that no longer computes the same (a tool or
+    schema version, or an allowlist, changed during a crash gap). It can neither be reused
+    nor run again: once its owner's lease has expired, its operation ends, with
+    ``reconciliation_pending`` for a write (it may have applied) and ``idempotency_conflict``
+    for a read."""
+    if lost.op_state == "in_progress" and not lost.lease_expired:
+        d.trace("duplicate_delivery", reason="owner_alive", generation=lost.generation)
+        return "duplicate_delivery"  # the owner's completion ends it, or its lease expires
+    if d.call.kind == "write":
+        error = _reconciliation("the tool changed while this write was in flight").payload
+    else:
+        error = _failed(
+            ErrorCode.IDEMPOTENCY_CONFLICT, "the tool changed while this call was in flight"
+        ).payload
+    with db.autocommit(d.rt.engine) as conn:
+        if lost.op_state == "in_progress":
+            finished = reservations.conclude(
+                conn,
+                operation_id=d.call.operation_id,
+                generation=lost.generation,
+                error=error,
+                event="intent_changed",
+                detail=d.audit,
+            )
+        else:
+            finished = reservations.abandon(
+                conn, call_ref=d.call.ref, error=error, event="intent_changed", detail=d.audit
+            )
+    if not finished.finished:
+        d.trace("duplicate_delivery", reason="conclude_lost", generation=lost.generation)
+        return "duplicate_delivery"
+    _finish(d.rt, finished)
+    events.concluded(d.call, d.tool, error, finished.finished, lost.op_state == "in_progress")
+    return "concluded"
+
+
+def _reject(d: _Delivery, err: ToolError) -> str:
+    """End this call, if no delivery started it, with a refusal decided on the call alone."""
+    finished = reservations.reject(d.rt.engine, call_ref=d.call.ref, **_refusal(err, d))
+    if not finished.finished:
+        # Another delivery reserved it (or ended it) first; its outcome stands.
+        d.trace("duplicate_delivery", reason="call_not_proposed", refused=err.code.value)
+        return "duplicate_delivery"
+    _finish(d.rt, finished)
+    events.refused(d.call, d.tool, **_refusal_facts(d, err), count=finished.finished)
+    return "rejected"
+
+
+def _reuse(d: _Delivery, intent: str) -> str:
+    finished = reservations.reuse(
+        d.rt.engine, call_ref=d.call.ref, intent_hash=intent, detail=d.audit
+    )
+    _finish(d.rt, finished)
+    events.reused(d.call, d.tool, finished.finished)
+    return "reused" if finished.finished else "duplicate_delivery"
+
+
+def transient_failure(exc: BaseException) -> bool:
+    """A failure of the handler's connection to its downstream that the next attempt may
+    not meet: a dropped or terminated database connection (PostgreSQL's ``AdminShutdown``),
+    a refused or reset socket, a timeout. Not a refusal, not a bug."""
+    return db.is_connection_failure(exc) or isinstance(exc, ConnectionError | TimeoutError)
+
+
+def may_retry(tool: Tool, exc: BaseException) -> bool:
+    """May a failed attempt be made again with the same key and fence? A retryable refusal
+    or a transient failure, and only where a repeat cannot apply the write twice: a read, a
+    repeat-safe write, or a refusal the handler says did not apply. A stale fence never."""
+    if isinstance(exc, StaleFence):
+        return False
+    if isinstance(exc, ToolError):
+        return exc.retryable and (_safe_to_repeat(tool) or exc.applied is False)
+    return transient_failure(exc) and _safe_to_repeat(tool)
+
+
+def _read(read: Callable[[], _T], settings: Settings) -> _T:
+    """A status lookup, again after a dropped connection within the retry budget: it only
+    reads, so a repeat changes nothing (a terminated backend must not refuse a call)."""
+    retrying = Retrying(
+        stop=stop_after_attempt(settings.retry_attempts)
+        | stop_before_delay(settings.retry_budget_seconds),
+        wait=_wait,
+        retry=retry_if_exception(transient_failure),
+        reraise=True,
+    )
+    return retrying(read)
+
+
+def retry_delay(backoff: float, retry_after_ms: int | None) -> float:
+    """The wait before the next attempt: the back-off, or the downstream's hint if longer."""
+    if retry_after_ms is None or retry_after_ms <= 0:
+        return backoff
+    return max(backoff, retry_after_ms / 1000)
+
+
+def _wait(state: RetryCallState) -> float:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    return retry_delay(BACKOFF(state), getattr(exc, "retry_after_ms", None))
+
+
+def _run_handler(
+    tool: Tool,
+    args: Arguments,
+    ctx: ExecutionContext,
+    heartbeat: Heartbeat,
+    *,
+    attempts: int,
+    budget_seconds: float,
+) -> dict[str, Any]:
+    """Retry what ``may_retry`` allows with the same key and fence, while the lease holds,
+    within the call's budget: at most ``attempts`` attempts, and no wait that would end past
+    ``budget_seconds`` after the first attempt started."""
+    retrying = Retrying(
+        before=lambda _: metrics.handler_invoked(tool.name, tool.kind),  # every attempt
+        before_sleep=lambda _: metrics.retry(tool.name),
+        stop=stop_after_attempt(attempts) | stop_before_delay(budget_seconds),
+        wait=_wait,
+        retry=retry_if_exception(lambda e: may_retry(tool, e) and not heartbeat.expired()),
+        reraise=True,
+    )
+    result: dict[str, Any] = retrying(aio.call, tool.handler, args, ctx)
+    return result
+
+
+def _finish(rt: Runtime, finished: reservations.Finished) -> None:
+    """Dispatch the calls a finish unblocked. They are marked dispatched in Postgres: if
+    Redis is down, the sweeper dispatches them once it is back."""
+    if finished.successors:
+        try:
+            transport.enqueue_calls(
+                rt.queue, finished.successors, timeout=rt.settings.job_timeout_seconds
+            )
+        except ServiceUnavailable as exc:
+            log.warning(
+                "dispatch of %d call(s) left to the sweeper: %s", len(finished.successors), exc
+            )
+
+
+def _plain(args: Arguments) -> dict[str, Any]:
+    return args.model_dump(mode="json") if isinstance(args, BaseModel) else dict(args)
+
+
+def _status(err: CallgateError) -> str:
+    return "failed_retryable" if err.retryable else "failed_terminal"
+
+
+def _error(err: CallgateError) -> dict[str, Any]:
+    error = results.safe_error(err.code.value, err.details)
+    hint = getattr(err, "retry_after_ms", None)
+    if err.retryable and isinstance(hint, int) and hint > 0:
+        error["retry_after_ms"] = hint  # the downstream's hint, passed on to the model
+    return error
+
+
+def _refusal(err: CallgateError, d: _Delivery) -> dict[str, Any]:
+    return {"status": _status(err), "error": _error(err), "detail": d.audit}
+
+
+def _refusal_facts(d: _Delivery, err: CallgateError) -> dict[str, Any]:
+    return {
+        "verdicts": d.verdicts,
+        "status": _status(err),
+        "code": err.code.value,
+        "since": d.loaded,
+    }

@@ -1,0 +1,152 @@
+"""A worker process: callgate's consumer on its RQ queue, running up to K calls at once.
+
+One process, many calls in flight (``CALLGATE_WORKER_CONCURRENCY``): LLM tools mostly wait
+on I/O, so threads (and one event loop for ``async def`` handlers) overlap that waiting
+without a process per call. SIGTERM stops taking calls and lets those in flight finish
+within ``CALLGATE_WORKER_GRACE_SECONDS``; then the process stops renewing the leases of any
+still running and exits, and another worker takes them over once the leases expire. A
+SIGKILLed worker's reserved calls are re-issued by a sweeper once their leases expire, the
+ones it had taken but not reserved once its liveness key expires (seconds).
+
+Every worker also sweeps, on a thread with its own connection, at the sweeper's cadence with
+jitter (``CALLGATE_WORKER_SWEEP``): killing the sweeper process loses nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import signal
+import sys
+import threading
+from types import FrameType
+from typing import Any
+
+from sqlalchemy import text
+
+from callgate.core.settings import Settings
+from callgate.daemons import sweeper
+from callgate.observe import metrics
+from callgate.queue import transport
+from callgate.store import db
+from callgate.tools import redaction
+from callgate.worker import runtime
+from callgate.worker.consumer import Consumer
+
+log = logging.getLogger("callgate.worker")
+
+
+def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> None:
+    # Before anything can log: a handler's exception text is tool output (redacted).
+    redaction.install_log_redaction()
+    rt = runtime.Runtime.create(settings)
+    # Connect before taking jobs: a bad URL fails here, once, with a clear error, and the
+    # first job does not pay for connection setup.
+    with db.translate_errors("worker start"), db.autocommit(rt.engine) as conn:
+        conn.execute(text("SELECT 1"))
+    with transport.translate_errors("worker start"):
+        rt.redis.ping()
+    runtime.install(rt)
+    # Every tool's series exist from the start (at zero), so their first increment counts.
+    metrics.declare_tools((t.name, t.kind) for t in rt.registry.tools.values())
+    metrics.WORKER_CONCURRENCY.set(settings.worker_concurrency)
+    consumer = Consumer(
+        rt,
+        concurrency=settings.worker_concurrency,
+        name=name,
+        burst=burst,
+        grace_seconds=settings.worker_grace_seconds,
+    )
+    if threading.current_thread() is threading.main_thread():
+
+        def on_term(signum: int, frame: FrameType | None) -> None:
+            consumer.stop()
+            _exit_after(settings.worker_grace_seconds + EXIT_SLACK_SECONDS)
+
+        signal.signal(signal.SIGTERM, on_term)
+    stop_sweeping = threading.Event()
+    if settings.worker_sweep:
+        start_sweeping(settings, rt.queue.connection, stop_sweeping)
+    try:
+        with transport.translate_errors("worker"):
+            consumer.run()
+    except KeyboardInterrupt:
+        if consumer.abandoned:  # Ctrl-C: a stop asked for, as SIGTERM is
+            _exit_now(0)
+        raise
+    except BaseException:
+        if consumer.abandoned:
+            log.exception("worker stopped with %d call(s) in flight", consumer.abandoned)
+            _exit_now(1)
+        raise
+    finally:
+        stop_sweeping.set()
+    if consumer.abandoned:
+        _exit_now(0)
+
+
+# After SIGTERM the process is gone this long after its grace period, whatever it is waiting
+# for (a Redis that stopped answering while the worker leaves its list, a hung handler).
+EXIT_SLACK_SECONDS = 10.0
+
+
+def _exit_now(code: int) -> None:
+    """End the process now, without waiting for the calls still running.
+
+    Their handlers cannot be stopped (Python cannot cancel a thread), and a normal exit waits
+    for them: concurrent.futures joins its executor's threads at exit. Daemon threads would
+    not be waited for, but they would keep running tool code (a write, a completion) while
+    the interpreter tears down the modules, connections and MCP servers under them. Ending
+    here is what a SIGKILL does, which callgate is built to survive: the leases, no longer
+    renewed, expire and another worker takes the calls over. Only the logs are flushed
+    first."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
+
+
+def _exit_after(seconds: float) -> None:
+    def overdue() -> None:
+        log.error("worker still running %.0f s after SIGTERM; exiting", seconds)
+        _exit_now(1)
+
+    timer = threading.Timer(seconds, overdue)
+    timer.daemon = True
+    timer.start()
+
+
+# Each wait between two of a worker's sweeps varies by this fraction (and the first one
+# starts at a random point of an interval): a fleet started at once does not sweep at once.
+SWEEP_JITTER = 0.3
+
+
+def start_sweeping(settings: Settings, redis: Any, stop: threading.Event) -> threading.Thread:
+    """Run the sweeper's loop on a daemon thread of this process, on a connection of its own
+    (a sweep never waits for a call's connection, nor a call for the sweep's)."""
+    engine = db.create(
+        settings.require_database(),
+        pool_size=1,
+        max_overflow=0,
+        application_name="callgate-worker-sweeper",
+    )
+    metrics.declare_sweeper()
+    thread = threading.Thread(
+        target=sweeper.run,
+        args=(engine, transport.job_queue(redis, settings.queue)),
+        kwargs={
+            "interval": settings.sweep_seconds,
+            "stale_seconds": settings.stale_seconds,
+            "successor_grace": settings.successor_grace_seconds,
+            "job_timeout": settings.job_timeout_seconds,
+            "max_dispatches": settings.max_dispatches,
+            "stop": stop,
+            "jitter": SWEEP_JITTER,
+        },
+        name="sweeper",
+        daemon=True,
+    )
+    thread.start()
+    return thread
