@@ -682,17 +682,11 @@ def _run_handler(
 
 
 def _finish(rt: Runtime, finished: reservations.Finished) -> None:
-    """Dispatch the calls a finish unblocked. They are marked dispatched in Postgres: if
-    Redis is down, the sweeper dispatches them once it is back."""
-    if finished.successors:
-        try:
-            transport.enqueue_calls(
-                rt.queue, finished.successors, timeout=rt.settings.job_timeout_seconds
-            )
-        except ServiceUnavailable as exc:
-            log.warning(
-                "dispatch of %d call(s) left to the sweeper: %s", len(finished.successors), exc
-            )
+    """Dispatch the calls a finish unblocked (committed: the sweeper covers a Redis
+    failure)."""
+    transport.dispatch_after_commit(
+        rt.queue, finished.successors, timeout=rt.settings.job_timeout_seconds, who="worker"
+    )
 
 
 def _plain(args: Arguments) -> dict[str, Any]:
