@@ -15,7 +15,7 @@ from callgate.core.types import CallContext, ProposedCall, Turn, TurnCall
 from callgate.core.values import printable
 from callgate.store import db
 from callgate.store.reservations import call_result
-from callgate.store.schema import calls, operations, turns
+from callgate.store.schema import calls, turns
 
 RAW_ARGUMENTS = "$raw"  # key under which unparsed argument strings are stored
 
@@ -430,14 +430,6 @@ def awaiting_approval(engine: Engine, turn_id: uuid.UUID) -> dict[str, str]:
             )
         ).all()
     return {r.call_id: str(r.approval_id) for r in rows}
-
-
-def operation_rows(engine: Engine, operation_ids: Sequence[str]) -> list[dict[str, Any]]:
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(operations).where(operations.c.operation_id.in_(list(operation_ids)))
-        ).mappings()
-        return [dict(r) for r in rows]
 
 
 def _tool_and_hash(joined: str) -> tuple[str, str]:

@@ -409,7 +409,7 @@ def _succeeded(tool: Tool, raw: Mapping[str, Any], detail: dict[str, Any]) -> _O
         and isinstance(raw.get(tool.audit_field), list)
     ):
         # The trace links each resource id to the call; an id is tool output like any other.
-        detail["resources"] = [redaction.redact_text(str(r)) for r in raw[tool.audit_field]]
+        detail["resources"] = [redaction.redact_secrets(str(r)) for r in raw[tool.audit_field]]
     return _Outcome("succeeded", payload)
 
 
