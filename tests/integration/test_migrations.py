@@ -24,6 +24,7 @@ EXPECTED_TABLES = {
     "outbox",
     "trace_events",
     "mcp_tools",
+    "tool_catalog",
     "api_keys",
     "api_idempotency",
     "console_sessions",
