@@ -60,8 +60,8 @@ class AsyncProducer:
 
     @classmethod
     def from_env(cls, settings: Settings | None = None) -> AsyncProducer:
-        """Build from the same settings as ``Producer.from_env`` (``CALLGATE_TOOLS`` is
-        required)."""
+        """Build from the same settings as ``Producer.from_env`` (tools from the catalogue
+        workers publish, or from ``CALLGATE_TOOLS`` when set)."""
         producer = Producer.from_env(settings)
         return cls(producer, _connect(producer.settings.require_redis()))
 

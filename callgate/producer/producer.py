@@ -33,7 +33,7 @@ from callgate.producer.fanin import (
 )
 from callgate.producer.planning import arguments_hash, plan
 from callgate.queue import transport
-from callgate.store import db, turns
+from callgate.store import db, tool_catalog, turns
 from callgate.tools import registry as tool_registry
 from callgate.tools.intent import canonical_json
 
@@ -155,7 +155,7 @@ class Producer:
         settings: Settings,
         engine: Engine,
         redis_connection: redis.Redis,
-        registry: tool_registry.Registry,
+        registry: tool_registry.Catalog,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -165,14 +165,22 @@ class Producer:
 
     @classmethod
     def from_env(cls, settings: Settings | None = None) -> Producer:
-        """Build from ``CALLGATE_DATABASE_URL``, ``CALLGATE_REDIS_URL``, ``CALLGATE_TOOLS``
-        (required) and friends, or from ``settings`` read from them."""
+        """Build from ``CALLGATE_DATABASE_URL``, ``CALLGATE_REDIS_URL`` and friends, or from
+        ``settings`` read from them. The tools come from the catalogue workers publish, or
+        from ``CALLGATE_TOOLS`` when set (``tool_catalog.for_producer``): no handler runs
+        here and no MCP server is started."""
         settings = settings or Settings.from_env()
-        registry = tool_registry.from_settings(settings)  # a missing registry fails first
+        engine = db.create(settings.require_database(), application_name="callgate-producer")
+        try:
+            registry = tool_catalog.for_producer(engine, settings)
+            redis_connection = transport.connect(settings.require_redis())
+        except BaseException:
+            engine.dispose()
+            raise
         return cls(
             settings=settings,
-            engine=db.create(settings.require_database(), application_name="callgate-producer"),
-            redis_connection=transport.connect(settings.require_redis()),
+            engine=engine,
+            redis_connection=redis_connection,
             registry=registry,
         )
 
