@@ -94,12 +94,6 @@ class KeyHolder:
         return self.approver or AUDITOR_ROLE in self.roles
 
 
-# The name this class had: ops/http/{auth,console,routes}.py and ops/mcp_gateway_auth.py
-# still import it (another change renames them there). Not to be used: ``Principal`` is
-# the tool model's (callgate.tools.registry), the one users import from ``callgate``.
-Principal = KeyHolder
-
-
 @dataclass(frozen=True)
 class NewKey:
     key_id: str

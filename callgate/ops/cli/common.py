@@ -206,12 +206,17 @@ def dispatch_after_decision(settings: Settings, refs: list[uuid.UUID]) -> None:
         return
     try:
         queue = transport.job_queue(transport.connect(settings.require_redis()), settings.queue)
-        transport.enqueue_calls(queue, refs, timeout=settings.job_timeout_seconds)
-    except CallgateError as exc:  # Redis down or unset: the decision stands either way
+    except CallgateError as exc:  # Redis unset or its URL unusable
+        left: CallgateError | None = exc
+    else:
+        left = transport.dispatch_after_commit(
+            queue, refs, timeout=settings.job_timeout_seconds, who="approvals"
+        )
+    if left is not None:  # the decision stands either way
         click.echo(
-            f"callgate: warning: {exc.code}: the decision is recorded, but its {len(refs)} "
+            f"callgate: warning: {left.code}: the decision is recorded, but its {len(refs)} "
             "call(s) could not be enqueued; the sweeper dispatches them when Redis is back "
-            f"(after CALLGATE_STALE_SECONDS={settings.stale_seconds:g}s). {exc.message}",
+            f"(after CALLGATE_STALE_SECONDS={settings.stale_seconds:g}s). {left.message}",
             err=True,
         )
 

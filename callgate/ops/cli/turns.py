@@ -13,8 +13,7 @@ from callgate.ops.cli.common import SURFACES, load_settings, read_json, table
 from callgate.producer import Producer, intake
 from callgate.producer.intake import NO_CALLS, redacted_trace, tool_definitions
 from callgate.producer.validation import check_timeout
-from callgate.store import db, trace
-from callgate.tools import registry
+from callgate.store import db, tool_catalog, trace
 
 
 @click.command("submit")
@@ -188,7 +187,12 @@ def trace_cmd(turn_or_call: str, as_json: bool) -> None:
     "parameters}).",
 )
 def tools_cmd(roles: tuple[str, ...], provider: str | None) -> None:
-    """Print the tool definitions a model acting for these roles may be shown (JSON), from
-    the registry CALLGATE_TOOLS names."""
-    definitions = registry.from_env().definitions_for(roles)
+    """Print the tool definitions a model acting for these roles may be shown (JSON): the
+    catalogue workers publish in Postgres, or the registry CALLGATE_TOOLS names."""
+    settings = load_settings()
+    engine = db.create(settings.require_database(), application_name="callgate-tools")
+    try:
+        definitions = tool_catalog.for_producer(engine, settings).definitions_for(roles)
+    finally:
+        engine.dispose()
     click.echo(json.dumps(tool_definitions(definitions, provider), indent=2))
