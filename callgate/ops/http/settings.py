@@ -1,5 +1,5 @@
-"""Settings of ``callgate api`` (``CALLGATE_API_…``), declared like every other variable
-(callgate/core/settings.py; docs/configuration.md)."""
+"""Settings of ``callgate api`` (``CALLGATE_API_HOST`` and the rest of its section), declared
+like every other variable (callgate/core/settings.py; docs/configuration.md)."""
 
 from __future__ import annotations
 
