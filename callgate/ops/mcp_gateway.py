@@ -34,7 +34,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -279,7 +278,7 @@ def serve(
     from callgate.ops.http.settings import ApiSettings
     from callgate.ops.mcp_gateway_auth import KeyAuth
 
-    api = ApiSettings.from_env(dict(os.environ))
+    api = ApiSettings.from_env()
     app = server.streamable_http_app(
         host=host,
         transport_security=TransportSecuritySettings(

@@ -4,7 +4,6 @@ migrations, and the dispatch that follows an approver's decision."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import signal
 import threading
 import uuid
@@ -73,7 +72,7 @@ def with_metrics(settings: Settings, port: int | None, state: bool | None) -> Se
         changes["metrics_port"] = port
     if state is not None:
         changes["state_metrics"] = state
-    return dataclasses.replace(settings, **changes) if changes else settings
+    return settings.replace(**changes) if changes else settings
 
 
 def serve_metrics(settings: Settings, *, state_default: bool) -> None:

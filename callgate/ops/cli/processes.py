@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
-import os
 from pathlib import Path
 
 import click
@@ -79,7 +77,7 @@ def worker_cmd(
 
     settings = with_metrics(load_settings(), metrics_port, state_metrics)
     if concurrency is not None:
-        settings = dataclasses.replace(settings, worker_concurrency=concurrency)
+        settings = settings.replace(worker_concurrency=concurrency)
     serve_metrics(settings, state_default=False)
     with quiet_interrupt():
         process.run(settings, burst=burst, name=name)
@@ -96,7 +94,7 @@ def relayer_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
     settings = with_metrics(load_settings(), metrics_port, state_metrics)
     url = settings.require_database()
     serve_metrics(settings, state_default=False)
-    delay = float(os.environ.get("CALLGATE_RELAYER_MARK_DELAY_MS") or 0) / 1000
+    delay = settings.relayer_mark_delay_ms / 1000
     with quiet_interrupt(), stop_on_term() as stop:
         relayer.run(
             db.create(url, application_name="callgate-relayer"),

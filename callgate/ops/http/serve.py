@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
@@ -50,7 +49,7 @@ def api_cmd(host: str | None, port: int | None) -> None:
         registry.load_catalog(settings.tools)  # refuse a bad one before listening
     settings.require_database()
     settings.require_redis()
-    api = ApiSettings.from_env(dict(os.environ)).with_address(host, port)
+    api = ApiSettings.from_env().with_address(host, port)
     http_server.run(
         create_app(settings, api),
         host=api.host,
