@@ -21,7 +21,7 @@ from sqlalchemy.exc import OperationalError
 from callgate.core import logs
 from callgate.core.errors import CallgateError, ErrorCode
 from callgate.ops.cli import approvals, maintenance, processes, turns
-from callgate.ops.cli.common import EXIT_ERROR, setup_logging
+from callgate.ops.cli.common import EXIT_ERROR, setting_option, setup_logging
 from callgate.ops.http.serve import api_cmd, keys_group
 from callgate.ops.mcp_gateway import mcp_gateway_cmd
 
@@ -49,21 +49,9 @@ class _Commands(click.Group):
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option(
-    "--log-level",
-    envvar="CALLGATE_LOG_LEVEL",
-    default="WARNING",
-    show_default=True,
-    help="Python log level (env CALLGATE_LOG_LEVEL).",
-)
-@click.option(
-    "--log-format",
-    envvar="CALLGATE_LOG_FORMAT",
-    type=click.Choice(["auto", "json", "text"]),
-    default="auto",
-    show_default=True,
-    help="Logs on stderr: one JSON object per line, readable text, or auto (JSON unless "
-    "stderr is a terminal) (env CALLGATE_LOG_FORMAT).",
+@setting_option("--log-level", variable="CALLGATE_LOG_LEVEL")
+@setting_option(
+    "--log-format", variable="CALLGATE_LOG_FORMAT", type=click.Choice(["auto", "json", "text"])
 )
 def cli(log_level: str, log_format: logs.LogFormat) -> None:
     """callgate: a queue-driven, multi-worker executor for LLM tool calls.

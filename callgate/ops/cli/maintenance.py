@@ -9,7 +9,7 @@ from dataclasses import asdict
 import click
 from sqlalchemy import Engine
 
-from callgate.ops.cli.common import OPS_APPLICATION, load_settings, table
+from callgate.ops.cli.common import OPS_APPLICATION, load_settings, setting_option, table
 from callgate.store import db, reconciliation, retention
 
 
@@ -74,13 +74,7 @@ def reconcile_show_cmd(operation_id: str, as_json: bool) -> None:
     required=True,
     help="succeeded: the write applied downstream; failed: it did not.",
 )
-@click.option(
-    "--by",
-    "by",
-    envvar="CALLGATE_RECONCILER",
-    required=True,
-    help="Who settles it, recorded in the audit trace (env CALLGATE_RECONCILER).",
-)
+@setting_option("--by", "by", variable="CALLGATE_RECONCILER", required=True)
 @click.option("--note", default="", help="What you checked, kept with the outcome.")
 def reconcile_resolve_cmd(operation_id: str, outcome: str, by: str, note: str) -> None:
     """Record what the downstream shows for one write; once only."""

@@ -20,6 +20,7 @@ from callgate.ops.cli.common import (
     runs_demo_tools,
     serve_metrics,
     service_env,
+    setting_option,
     state_metrics_option,
     stop_on_term,
     with_metrics,
@@ -135,21 +136,8 @@ def sweeper_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
 
 
 @click.command("up")
-@click.option(
-    "--workers",
-    default=2,
-    show_default=True,
-    envvar="CALLGATE_WORKERS",
-    help="Worker processes (env CALLGATE_WORKERS).",
-)
-@click.option(
-    "--data-dir",
-    type=click.Path(path_type=Path),
-    envvar="CALLGATE_DATA_DIR",
-    default=Path(".callgate"),
-    show_default=True,
-    help="Where embedded services keep their data (env CALLGATE_DATA_DIR).",
-)
+@setting_option("--workers", variable="CALLGATE_WORKERS", type=click.IntRange(min=1))
+@setting_option("--data-dir", variable="CALLGATE_DATA_DIR", type=click.Path(path_type=Path))
 @click.option(
     "--metrics-port",
     default=None,
