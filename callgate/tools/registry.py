@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -443,8 +442,7 @@ def _load_target(spec: str, kind: type[_C], expected: str) -> _C:
 def from_env(env: Mapping[str, str] | None = None) -> Registry:
     """The registry named by ``CALLGATE_TOOLS``, with ``CALLGATE_ALLOWLIST`` applied. MCP
     servers' tools are the worker's to add (``callgate.worker.runtime.load_registry``)."""
-    env = os.environ if env is None else env
-    return load(env.get("CALLGATE_TOOLS") or None, env.get("CALLGATE_ALLOWLIST") or None)
+    return from_settings(Settings.from_env(env))
 
 
 def from_settings(settings: Settings) -> Registry:
