@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 
 import redis.asyncio
 
+import callgate.producer.validation as validation
 from callgate.core.settings import Settings
 from callgate.core.types import CallContext, ProposedCall, Turn
-from callgate.producer import validation
 from callgate.producer.fanin import FanIn, Next, Pacing, Result
 from callgate.producer.producer import (
     POSTGRES_RECHECK_SECONDS,
