@@ -118,6 +118,7 @@ class Proxy:
         return self
 
     def stop(self) -> None:
+        self._frozen_until = 0.0  # let held relays see their connections closed
         run(self._close_all(listening=True))
 
     def arm(self, fault: Fault) -> Fault:
@@ -135,6 +136,12 @@ class Proxy:
 
     def cut_all(self) -> None:
         run(self._close_all(listening=False))
+
+    def freeze(self, seconds: float = 3600.0) -> None:
+        """From now on forward no byte, either way, on any connection, for ``seconds``
+        (``stop`` ends it): the server behind stops answering and nothing more reaches it,
+        yet no connection closes, as when a network path blackholes."""
+        self._frozen_until = max(self._frozen_until, time.monotonic() + seconds)
 
     # --- on the loop ------------------------------------------------------------------
     async def _listen(self) -> None:
@@ -238,7 +245,7 @@ class Proxy:
         """Wait while a ``stall_all`` fault holds the traffic (called before forwarding
         anything, either way)."""
         while (left := self._frozen_until - time.monotonic()) > 0:
-            await asyncio.sleep(left)
+            await asyncio.sleep(min(left, 0.1))  # short steps: ``stop`` may end it early
 
 
 class Cut(Exception):
