@@ -103,6 +103,8 @@ class Proxy:
         self._lock = threading.Lock()
         self._writers: set[asyncio.StreamWriter] = set()
         self._refusing_until = 0.0
+        self._resets = 0  # connections still to turn away (``reset_next``)
+        self.reset = 0  # connections turned away by ``reset_next``
         self._frozen_until = 0.0  # a ``stall_all`` fault holds all traffic until then
         self.connections = 0
         self.refused = 0
@@ -137,6 +139,27 @@ class Proxy:
     def cut_all(self) -> None:
         run(self._close_all(listening=False))
 
+    def shut_for(self, seconds: float, *, cut: bool = False) -> None:
+        """A server restart: from the moment this returns, refuse every new connection for
+        ``seconds``; with ``cut``, also close every open one. ``open`` ends it early."""
+        self._refusing_until = max(self._refusing_until, time.monotonic() + seconds)
+        self.refuse_for(seconds)
+        if cut:
+            self.cut_all()
+
+    def open(self) -> None:
+        """End a refusal now: listen again (within a tenth of a second)."""
+        self._refusing_until = 0.0
+
+    def reset_next(self, n: int = 1, *, cut: bool = True) -> None:
+        """Turn the next ``n`` connections away (RST) as they arrive, as a server at
+        ``max_connections`` does: one failed connect, then service again. With ``cut``, close
+        every open connection first, so the client's next statement needs a new one."""
+        with self._lock:
+            self._resets = n
+        if cut:
+            self.cut_all()
+
     def freeze(self, seconds: float = 3600.0) -> None:
         """From now on forward no byte, either way, on any connection, for ``seconds``
         (``stop`` ends it): the server behind stops answering and nothing more reaches it,
@@ -155,8 +178,8 @@ class Proxy:
         if self._server is not None:
             self._server.close()  # not wait_closed(): that would wait for open connections
             self._server = None
-            while time.monotonic() < self._refusing_until:
-                await asyncio.sleep(self._refusing_until - time.monotonic())
+            while (left := self._refusing_until - time.monotonic()) > 0:
+                await asyncio.sleep(min(left, 0.1))  # short steps: ``open`` may end it early
             for _ in range(50):  # the port may linger briefly; keep the same one
                 try:
                     await self._listen()
@@ -173,6 +196,14 @@ class Proxy:
             abort(w)
 
     async def _accept(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        with self._lock:
+            turn_away = self._resets > 0
+            if turn_away:
+                self._resets -= 1
+                self.reset += 1
+        if turn_away:
+            abort(cwriter)
+            return
         if time.monotonic() < self._refusing_until:
             self.refused += 1
             abort(cwriter)
