@@ -76,6 +76,9 @@ class Fault:
     stall_reply: bool = False
     cut_all: bool = False
     stall_all: bool = False
+    # Redis, lose_reply only: drop the reply only if it satisfies this (given the batch's
+    # replies, raw RESP); otherwise pass it on and stay armed for the next matching batch.
+    reply_matches: Callable[[bytes], bool] | None = None
     seen: int = 0
     dropped: bytes = b""  # Redis: the replies a lost-reply fault kept from the client
     hit: RoundTrip | None = None
@@ -240,6 +243,8 @@ class Proxy:
             if self.keep_seen:
                 self.seen.append(rt)
             for fault in self._faults:
+                if fault.matches(rt) and fault.reply_matches is not None:
+                    return fault  # fires, or not, when its reply is read (``fire``)
                 if fault.matches(rt):
                     fault.seen += 1
                     if fault.seen == fault.nth:
@@ -249,6 +254,18 @@ class Proxy:
                         self.fired.append(fault)
                         return fault
         return None
+
+    def fire(self, fault: Fault, rt: RoundTrip) -> bool:
+        """Fire a fault that waited for its reply, once: False if it fired already."""
+        with self._lock:
+            if fault not in self._faults:
+                return False
+            self._faults.remove(fault)
+            fault.seen += 1
+            fault.hit = rt
+            fault.hit_at = time.monotonic()
+            self.fired.append(fault)
+        return True
 
     async def apply_before(self, fault: Fault) -> None:
         """Faults that act before the round trip is forwarded (raise Cut to drop it)."""
