@@ -54,6 +54,7 @@ class RoundTrip:
     application: str = ""  # Postgres: the connection's application_name
     commands: tuple[tuple[bytes, ...], ...] = ()  # Redis: each command's words
     params: str = ""  # Postgres: the executed statements' bound values, as text
+    connection: int = 0  # Postgres: which client connection sent it (numbered from 1)
 
 
 @dataclass
@@ -79,6 +80,9 @@ class Fault:
     # Redis, lose_reply only: drop the reply only if it satisfies this (given the batch's
     # replies, raw RESP); otherwise pass it on and stay armed for the next matching batch.
     reply_matches: Callable[[bytes], bool] | None = None
+    # Postgres, lose_reply: once the reply is lost, turn new connections away this long (the
+    # server went away with it; see ``Proxy.turn_away_for``).
+    refuse_after: float = 0.0
     seen: int = 0
     dropped: bytes = b""  # Redis: the replies a lost-reply fault kept from the client
     hit: RoundTrip | None = None
@@ -141,6 +145,12 @@ class Proxy:
 
     def cut_all(self) -> None:
         run(self._close_all(listening=False))
+
+    def turn_away_for(self, seconds: float) -> None:
+        """Keep listening, but reset every new connection as it arrives for ``seconds``
+        (counted in ``refused``; ``open`` ends it early): a server that is there and will not
+        serve, where ``refuse_for`` is one whose port is closed."""
+        self._refusing_until = max(self._refusing_until, time.monotonic() + seconds)
 
     def shut_for(self, seconds: float, *, cut: bool = False) -> None:
         """A server restart: from the moment this returns, refuse every new connection for
