@@ -253,16 +253,17 @@ class Proxy:
             if self.keep_seen:
                 self.seen.append(rt)
             for fault in self._faults:
-                if fault.matches(rt) and fault.reply_matches is not None:
+                if not fault.matches(rt):  # once per round trip: a matcher may keep state
+                    continue
+                if fault.reply_matches is not None:
                     return fault  # fires, or not, when its reply is read (``fire``)
-                if fault.matches(rt):
-                    fault.seen += 1
-                    if fault.seen == fault.nth:
-                        self._faults.remove(fault)
-                        fault.hit = rt
-                        fault.hit_at = time.monotonic()
-                        self.fired.append(fault)
-                        return fault
+                fault.seen += 1
+                if fault.seen == fault.nth:
+                    self._faults.remove(fault)
+                    fault.hit = rt
+                    fault.hit_at = time.monotonic()
+                    self.fired.append(fault)
+                    return fault
         return None
 
     def fire(self, fault: Fault, rt: RoundTrip) -> bool:
