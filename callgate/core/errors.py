@@ -211,6 +211,24 @@ class CorrelationError(CallgateError):
     code = ErrorCode.MISSING_RESULT
 
 
+class AdapterError(CallgateError):
+    """A provider envelope, stream, result set or MCP reply callgate refuses. ``code`` is
+    stable. Here, not beside the adapters, because the worker's MCP client refuses replies
+    with it too and the worker must not import the producer."""
+
+    code = ErrorCode.INVALID_PROVIDER_ENVELOPE
+
+
+class AdapterCorrelationError(AdapterError, CorrelationError):
+    """Results do not match proposals one to one, found while serialising.
+
+    Both an ``AdapterError`` (what the adapter entry points raise) and a ``CorrelationError``
+    (what fan-in raises for the same fault), so either ``except`` clause catches it.
+    """
+
+    code = ErrorCode.MISSING_RESULT
+
+
 class ToolError(CallgateError):
     """Raised by the gate or a tool handler; becomes the call's terminal error result.
 

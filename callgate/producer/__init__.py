@@ -4,9 +4,37 @@ from callgate.producer import Producer
 producer = Producer.from_env()
 turn = producer.submit(proposals, context)
 fan_in = producer.collect(turn.turn_id, timeout=5)
+
+The names are resolved on first use, so importing a pure submodule (``adapters``,
+``validation``) loads no database driver, and no submodule depends on this file having run.
 """
 
-from callgate.producer.async_producer import AsyncProducer
-from callgate.producer.producer import Collected, Producer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from callgate.producer.async_producer import AsyncProducer
+    from callgate.producer.producer import Collected, Producer
+
+_HOME_OF = {
+    "AsyncProducer": "callgate.producer.async_producer",
+    "Collected": "callgate.producer.producer",
+    "Producer": "callgate.producer.producer",
+}
 
 __all__ = ["AsyncProducer", "Collected", "Producer"]
+
+
+def __getattr__(name: str) -> Any:
+    module = _HOME_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module 'callgate.producer' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *__all__])

@@ -24,9 +24,9 @@ from typing import Any, TypeVar
 
 import redis.asyncio
 
+import callgate.producer.validation as validation
 from callgate.core.settings import Settings
 from callgate.core.types import CallContext, ProposedCall, Turn
-from callgate.producer import validation
 from callgate.producer.fanin import (
     REDIS_AWAY,
     FanIn,

@@ -14,11 +14,12 @@ import redis
 from rq import Queue
 from sqlalchemy import Engine
 
+import callgate.producer.adapters as adapters
+import callgate.producer.validation as validation
 from callgate.core.errors import CorrelationError, ErrorCode, ServiceUnavailable
 from callgate.core.settings import Settings
 from callgate.core.types import TRUST_LABEL, CallContext, ProposedCall, Turn
 from callgate.observe import metrics
-from callgate.producer import validation
 from callgate.producer.budgets import apply_budgets
 from callgate.producer.fanin import (
     REDIS_AWAY,
@@ -66,8 +67,6 @@ class Collected:
         """The results as ``surface``'s tool-result message, ready to append to the
         conversation. Refused (``missing_result``) while a call is still pending: a partial
         turn is never padded."""
-        from callgate.producer import adapters
-
         if not self.complete:
             waiting = ", ".join(self.pending)
             raise CorrelationError(

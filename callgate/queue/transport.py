@@ -6,10 +6,8 @@ payload on Redis is a committed result on its way to fan-in, and Postgres holds 
 
 from __future__ import annotations
 
-import json
 import logging
 import uuid
-import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
@@ -17,10 +15,9 @@ import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
-from rq.job import Job
-from rq.serializers import JSONSerializer
 
 from callgate.core.errors import ConfigurationError, ErrorCode, ServiceUnavailable
+from callgate.queue import rq_format
 
 log = logging.getLogger("callgate.transport")
 
@@ -74,7 +71,7 @@ def api_bucket(queue: str, key_id: str) -> str:
 
 
 def job_queue(connection: redis.Redis, name: str) -> Queue:
-    return Queue(name, connection=connection, serializer=JSONSerializer)
+    return Queue(name, connection=connection, serializer=rq_format.SERIALIZER)
 
 
 def job_id(ref: uuid.UUID | str) -> str:
@@ -95,7 +92,7 @@ def enqueue_calls(queue: Queue, call_refs: Iterable[uuid.UUID], *, timeout: floa
         return 0
     with translate_errors("enqueue"), queue.connection.pipeline(transaction=False) as pipe:
         for ref in refs:
-            pipe.exists(Job.redis_job_namespace_prefix + job_id(ref))
+            pipe.exists(rq_format.job_key(job_id(ref)))
         waiting = pipe.execute()
     seen = {job_id(ref) for ref, exists in zip(refs, waiting, strict=True) if exists}
     datas = []
@@ -179,10 +176,12 @@ def epoch_key(queue: str) -> str:
 
 
 # KEYS: queue list, taking list, taken hash. ARGV: count, job key prefix, then the job ids
-# whose deliveries returned (removed from the taken hash). Returns [job id, data, ...].
+# whose deliveries returned (removed from the taken hash). Returns [job id, data, ...], data
+# being the job hash's data field (rq_format.JOB_DATA_FIELD; decoded by ``call_ref``).
 # Atomic: a job is either still queued (or in the taking list) or recorded as taken by this
 # worker; there is no moment where only the worker's memory holds it.
-TAKE_LUA = """
+TAKE_LUA = (
+    """
 for i = 3, #ARGV do redis.call('HDEL', KEYS[3], ARGV[i]) end
 local count = tonumber(ARGV[1])
 local ids = redis.call('LRANGE', KEYS[2], 0, -1)
@@ -194,7 +193,9 @@ end
 local out = {}
 for _, id in ipairs(ids) do
   local key = ARGV[2] .. id
-  local data = redis.call('HGET', key, 'data')
+  local data = redis.call('HGET', key, '"""
+    + rq_format.JOB_DATA_FIELD
+    + """')
   redis.call('DEL', key)
   if data then
     redis.call('HSET', KEYS[3], id, data)
@@ -204,6 +205,7 @@ for _, id in ipairs(ids) do
 end
 return out
 """
+)
 
 # KEYS: queue list, taking list. Puts back jobs a dead worker had moved but not yet taken.
 RETURN_TAKING_LUA = """
@@ -274,7 +276,7 @@ def job_states(queue: Queue, refs: list[uuid.UUID]) -> dict[uuid.UUID, str]:
         states = conn.register_script(JOB_STATES_LUA)(
             keys=[workers_key(queue.name), queue.key],
             args=[
-                Job.redis_job_namespace_prefix,
+                rq_format.JOB_KEY_PREFIX,
                 worker_prefix(queue.name),
                 JOB_STATES_LIST_LIMIT,
                 *(job_id(r) for r in refs),
@@ -284,13 +286,12 @@ def job_states(queue: Queue, refs: list[uuid.UUID]) -> dict[uuid.UUID, str]:
 
 
 def call_ref(data: bytes | None) -> uuid.UUID | None:
-    """The call ref an RQ job carries: ``(function, instance, [ref], {})``, JSON, zlib."""
+    """The call ref a job's data carries: its only argument (``rq_format.job_args``)."""
     if data is None:  # the job's hash is gone (Redis flushed, or another copy took it)
         return None
     try:
-        _func, _instance, args, _kwargs = json.loads(zlib.decompress(data))
-        return uuid.UUID(args[0])
-    except (zlib.error, ValueError, TypeError, IndexError) as exc:
+        return uuid.UUID(rq_format.job_args(data)[0])
+    except (ValueError, TypeError, IndexError) as exc:
         log.warning("dropped a job that carries no call ref: %s", exc)
         return None
 

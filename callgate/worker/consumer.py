@@ -25,12 +25,10 @@ from typing import cast
 
 from redis.exceptions import RedisError
 from rq import SimpleWorker
-from rq.job import Job
-from rq.serializers import JSONSerializer
 
 from callgate.core.errors import ServiceUnavailable
 from callgate.observe import metrics
-from callgate.queue import transport
+from callgate.queue import rq_format, transport
 from callgate.store import db
 from callgate.worker import executor, heartbeat
 from callgate.worker.runtime import Runtime
@@ -70,7 +68,7 @@ class Consumer:
         self.abandoned = 0
         # Registered with RQ only so that `rq info` and Worker.all() see this process.
         self._registration = SimpleWorker(
-            [rt.queue], connection=rt.redis, name=name, serializer=JSONSerializer
+            [rt.queue], connection=rt.redis, name=name, serializer=rq_format.SERIALIZER
         )
         self.name: str = self._registration.name
         queue = rt.settings.queue
@@ -79,7 +77,7 @@ class Consumer:
             transport.taking_key(queue, self.name),
             transport.taken_key(queue, self.name),
         ]
-        self._job_prefix = Job.redis_job_namespace_prefix
+        self._job_prefix = rq_format.JOB_KEY_PREFIX
         self._take_script = rt.redis.register_script(transport.TAKE_LUA)
         # Job ids whose deliveries returned: dropped from the taken hash on the next take.
         self._returned: list[str] = []

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterator
-from urllib.parse import urlsplit
 
 import pytest
 from sqlalchemy import Engine, text
@@ -19,7 +18,7 @@ from callgate.producer import Producer
 from callgate.queue import transport
 from callgate.store import db
 from tests.acceptance.conftest import SUPPORT_A, wait_until
-from tests.integration.commit_loss_proxy import CommitLossProxy
+from tests.faults.pgproxy import PgProxy, commit_fault
 
 # The first turn's job is never enqueued (its submit failed before the enqueue): the
 # sweeper's stale rule dispatches it, so it is kept short here.
@@ -50,19 +49,11 @@ def engine(own_url: str) -> Iterator[Engine]:
 
 
 @pytest.fixture
-def proxy(own_url: str) -> Iterator[CommitLossProxy]:
-    parts = urlsplit(own_url)
-    p = CommitLossProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
-    yield p
-    p.close()
-
-
-@pytest.fixture
-def proxied(proxy: CommitLossProxy, service_env: dict[str, str]) -> Iterator[Producer]:
+def proxied(pg_proxy: PgProxy, service_env: dict[str, str]) -> Iterator[Producer]:
     settings = Settings.from_env(service_env)
     p = Producer(
         settings=settings,
-        engine=db.create(proxy.url_for(service_env["CALLGATE_DATABASE_URL"])),
+        engine=db.create(pg_proxy.url(service_env["CALLGATE_DATABASE_URL"])),
         redis_connection=transport.connect(service_env["CALLGATE_REDIS_URL"]),
         registry=demo_registry(),
     )
@@ -111,13 +102,13 @@ def _open_calls(engine: Engine, call_id: str) -> int:
 
 def test_the_application_retrying_as_the_error_invites_sends_one_email(
     stack: Callable[..., Stack],
-    proxy: CommitLossProxy,
+    pg_proxy: PgProxy,
     proxied: Producer,
     engine: Engine,
 ) -> None:
     stack(workers=1)
     call_id = f"mail-{uuid.uuid4().hex[:8]}"
-    proxy.lose_next_commit()
+    lost = pg_proxy.arm(commit_fault())
     turn_ids: list[str] = []
     for _ in range(3):  # the application: submit, and again while the error invites it
         try:
@@ -129,7 +120,7 @@ def test_the_application_retrying_as_the_error_invites_sends_one_email(
                 # (a fixed input would carry the same e-mail).
                 continue
             raise
-    assert proxy.commits_lost == 1
+    assert pg_proxy.fired == [lost]
 
     wait_until(
         lambda: _open_calls(engine, call_id) == 0 and _effects(engine, call_id) >= 1,

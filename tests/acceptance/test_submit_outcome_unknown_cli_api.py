@@ -1,28 +1,32 @@
 """``callgate submit`` and ``POST /v1/turns`` (without an Idempotency-Key) when the COMMIT
 reply of the turn is lost and PostgreSQL stays unreachable past the producer's reconnect
 budget: each says the outcome is unknown and names the key to repeat with, and the repeat
-returns the turn that was recorded, once. Real processes, PostgreSQL behind the test's
-commit-loss proxy."""
+returns the turn that was recorded, once. Real processes, PostgreSQL behind the Postgres fault
+proxy (tests/faults/pgproxy.py)."""
 
 from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
-from urllib.parse import urlsplit
 
-import pytest
 from sqlalchemy import text
 
 from callgate.store import db
 from tests.acceptance.api_server import ApiServer, api, engine, env, make_key
 from tests.acceptance.conftest import SUPPORT_A, callgate
-from tests.integration.commit_loss_proxy import CommitLossProxy
+from tests.faults.pgproxy import PgProxy, commit_fault
 
 __all__ = ["api", "engine", "env"]  # fixtures, for pytest
 
-TURN_INSERT = b"INSERT INTO callgate.turns"
+TURN_INSERT = r"INSERT INTO callgate\.turns"
+
+
+def _lose_the_turns_commit(proxy: PgProxy) -> object:
+    """The turn's COMMIT runs, its reply is lost, and PostgreSQL turns every connection away
+    from then on, past the producer's reconnect budget (``proxy.open()`` ends that)."""
+    return proxy.arm(commit_fault(after=TURN_INSERT, refuse_after=3600))
 
 
 def _email(call_id: str) -> list[dict[str, object]]:
@@ -33,19 +37,6 @@ def _email(call_id: str) -> list[dict[str, object]]:
             "arguments": {"to": "kim@example.com", "template": "receipt"},
         }
     ]
-
-
-@pytest.fixture
-def proxy(env: dict[str, str]) -> Iterator[CommitLossProxy]:
-    parts = urlsplit(env["CALLGATE_DATABASE_URL"])
-    p = CommitLossProxy(
-        parts.hostname or "127.0.0.1",
-        parts.port or 5432,
-        refuse_after_loss=True,
-        only_after=TURN_INSERT,
-    )
-    yield p
-    p.close()
 
 
 def _turns_with_call(url: str, call_id: str) -> list[str]:
@@ -62,18 +53,18 @@ def _turns_with_call(url: str, call_id: str) -> list[str]:
 
 
 def test_cli_submit_names_the_key_to_repeat_with(
-    proxy: CommitLossProxy, env: dict[str, str], tmp_path: Path
+    pg_proxy: PgProxy, env: dict[str, str], tmp_path: Path
 ) -> None:
     url = env["CALLGATE_DATABASE_URL"]
     call_id = f"mail-{uuid.uuid4().hex[:8]}"
     (tmp_path / "ctx.json").write_text(json.dumps(SUPPORT_A))
     (tmp_path / "calls.json").write_text(json.dumps(_email(call_id)))
     args = ["submit", "--context", str(tmp_path / "ctx.json"), str(tmp_path / "calls.json")]
-    proxy.lose_next_commit()
+    fault = _lose_the_turns_commit(pg_proxy)
 
-    lost = callgate(*args, "--json", env={**env, "CALLGATE_DATABASE_URL": proxy.url_for(url)})
+    lost = callgate(*args, "--json", env={**env, "CALLGATE_DATABASE_URL": pg_proxy.url(url)})
 
-    assert proxy.commits_lost == 1
+    assert pg_proxy.fired == [fault]
     assert lost.returncode == 2, lost.stderr
     assert "outcome unknown" in lost.stderr and "nothing was recorded" not in lost.stderr
     assert "Traceback" not in lost.stderr
@@ -88,17 +79,17 @@ def test_cli_submit_names_the_key_to_repeat_with(
 
 
 def test_api_without_idempotency_key_names_the_key_to_repeat_with(
-    api: Callable[[dict[str, str]], ApiServer], proxy: CommitLossProxy, env: dict[str, str]
+    api: Callable[[dict[str, str]], ApiServer], pg_proxy: PgProxy, env: dict[str, str]
 ) -> None:
     url = env["CALLGATE_DATABASE_URL"]
     key = make_key(env, "tenant-a", "user-17", "support")["key"]
-    server = api({**env, "CALLGATE_DATABASE_URL": proxy.url_for(url)})
+    server = api({**env, "CALLGATE_DATABASE_URL": pg_proxy.url(url)})
     call_id = f"mail-{uuid.uuid4().hex[:8]}"
-    proxy.lose_next_commit()
+    fault = _lose_the_turns_commit(pg_proxy)
 
     with server.client(key) as client:
         lost = client.post("/v1/turns", json=_email(call_id))
-        assert proxy.commits_lost == 1
+        assert pg_proxy.fired == [fault]
         assert lost.status_code == 503, lost.text
         problem = lost.json()
         assert "outcome unknown" in problem["detail"]
@@ -107,7 +98,7 @@ def test_api_without_idempotency_key_names_the_key_to_repeat_with(
         recorded = _turns_with_call(url, call_id)
         assert len(recorded) == 1
 
-        proxy.refuse_after_loss = False  # PostgreSQL is reachable again
+        pg_proxy.open()  # PostgreSQL is reachable again
         again = client.post(
             "/v1/turns",
             json=_email(call_id),

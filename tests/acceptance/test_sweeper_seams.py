@@ -5,7 +5,6 @@ next write, and a live-but-slow worker whose taken calls a sweeper recovers mean
 from __future__ import annotations
 
 import signal
-import socket
 import threading
 import uuid
 from collections.abc import Iterator
@@ -36,6 +35,7 @@ from tests.acceptance.private_stack import (
     start,
 )
 from tests.acceptance.processes import PrivateRedis, private_redis
+from tests.faults.redisproxy import RedisProxy
 
 __all__ = ["database_url", "env", "make_producer", "private_redis", "start"]  # fixtures
 
@@ -87,57 +87,12 @@ def test_a_backlog_behind_one_slow_slot_ends_no_call_and_runs_each_once(
 # --- item 7: the next write of a turn after its completing worker died -------------------
 
 
-class PausableProxy:
-    """A TCP proxy to Redis that, once paused, forwards no byte more in either direction:
-    the worker behind it can still commit in Postgres, but nothing it sends Redis arrives."""
-
-    def __init__(self, upstream_port: int) -> None:
-        self.upstream = ("127.0.0.1", upstream_port)
-        self.paused = threading.Event()
-        self.server = socket.create_server(("127.0.0.1", 0))
-        self.port = self.server.getsockname()[1]
-        self.sockets: list[socket.socket] = []
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.server.accept()
-            except OSError:
-                return
-            upstream = socket.create_connection(self.upstream)
-            self.sockets += [client, upstream]
-            threading.Thread(target=self._pump, args=(client, upstream), daemon=True).start()
-            threading.Thread(target=self._pump, args=(upstream, client), daemon=True).start()
-
-    def _pump(self, src: socket.socket, dst: socket.socket) -> None:
-        while True:
-            try:
-                data = src.recv(65536)
-            except OSError:
-                return
-            if not data or self.paused.is_set():
-                return  # what arrives once paused is dropped, never forwarded
-            try:
-                dst.sendall(data)
-            except OSError:
-                return
-
-    def close(self) -> None:
-        self.server.close()
-        for s in self.sockets:
-            s.close()
-
-
 @pytest.fixture
-def proxy(private_redis: PrivateRedis) -> Iterator[PausableProxy]:
-    p = PausableProxy(private_redis.port)
+def proxy(private_redis: PrivateRedis) -> Iterator[RedisProxy]:
+    p = RedisProxy("127.0.0.1", private_redis.port)
+    p.start()
     yield p
-    p.close()
+    p.stop()
 
 
 def test_the_next_write_is_dispatched_within_seconds_when_the_completing_worker_dies(
@@ -153,7 +108,7 @@ def test_the_next_write_is_dispatched_within_seconds_when_the_completing_worker_
     s.start(
         "worker-1",
         ["worker", "--name", f"proxied-{uuid.uuid4().hex[:8]}"],
-        env={"CALLGATE_REDIS_URL": proxy.url},
+        env={"CALLGATE_REDIS_URL": proxy.url(env["CALLGATE_REDIS_URL"])},
     )
     wait_for_workers(env["CALLGATE_REDIS_URL"], env["CALLGATE_QUEUE"], 1)
     producer = make_producer()
@@ -174,7 +129,7 @@ def test_the_next_write_is_dispatched_within_seconds_when_the_completing_worker_
         timeout=60,
         what="the refund to start",
     )
-    proxy.paused.set()  # from now on nothing worker-1 sends reaches Redis
+    proxy.freeze()  # from now on nothing worker-1 sends reaches Redis
     wait_until(
         lambda: (
             scalar(engine, "SELECT state FROM callgate.calls WHERE id = :r", r=refund.ref)

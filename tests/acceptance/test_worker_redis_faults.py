@@ -28,13 +28,16 @@ from tests.acceptance.private_stack import (
     submit_one,
 )
 from tests.acceptance.processes import private_redis
-from tests.acceptance.redis_reply_proxy import ReplyProxy
+from tests.faults.core import CUT, LOSE_REPLY
+from tests.faults.redisproxy import RedisProxy, command_fault, script_fault
 
 __all__ = ["database_url", "env", "make_producer", "private_redis", "start"]  # fixtures
 
 TAKE_SHA = hashlib.sha1(transport.TAKE_LUA.encode()).hexdigest()
 # EVALSHA sha 3 queue taking taken count prefix: more arguments are returned job ids.
 TAKE_ARGS_WITHOUT_RETURNS = 8
+# EVALSHA's arguments, joined by spaces, of a take that also returns job ids.
+TAKE_WITH_RETURNS = rf"^{TAKE_SHA}( \S+){{{TAKE_ARGS_WITHOUT_RETURNS - 1}}}"
 
 
 def _worker_name(r: redis_lib.Redis, queue: str) -> str:
@@ -51,6 +54,11 @@ def _reservations(engine: Engine, ref: str) -> int:
             r=ref,
         )
     )
+
+
+def _took(replies: bytes) -> bool:
+    """A take's reply that carries jobs: a non-empty array (not NOSCRIPT, not ``*0``)."""
+    return replies.startswith(b"*") and not replies.startswith(b"*0\r\n")
 
 
 def _closed_port() -> int:
@@ -91,19 +99,23 @@ def test_the_worker_keeps_beating_through_redis_error_replies(
 
 
 @pytest.fixture
-def proxy(private_redis) -> Iterator[ReplyProxy]:
-    p = ReplyProxy(private_redis.port).start()
+def proxy(private_redis) -> Iterator[RedisProxy]:
+    p = RedisProxy("127.0.0.1", private_redis.port)
+    p.start()
     yield p
     p.stop()
 
 
-def _worker_behind(s: Any, proxy: ReplyProxy, env: dict[str, str]) -> None:
+def _worker_behind(s: Any, proxy: RedisProxy, env: dict[str, str]) -> None:
     """One worker whose every Redis round trip goes through ``proxy``; no sweeper anywhere, and
     a stale rule far away, so nothing but the worker itself can bring a stranded job back."""
     s.start(
         "worker-1",
         ["worker", "--name", f"w-{os.getpid()}-{time.monotonic_ns()}"],
-        env={"CALLGATE_REDIS_URL": proxy.url, "CALLGATE_WORKER_SWEEP": "0"},
+        env={
+            "CALLGATE_REDIS_URL": proxy.url(env["CALLGATE_REDIS_URL"]),
+            "CALLGATE_WORKER_SWEEP": "0",
+        },
     )
     wait_for_workers(env["CALLGATE_REDIS_URL"], env["CALLGATE_QUEUE"], 1)
 
@@ -115,11 +127,14 @@ def test_a_lost_take_reply_strands_no_job(
     _worker_behind(s, proxy, env)
     admin = redis_lib.Redis.from_url(private_redis.url)
     taken = transport.taken_key(env["CALLGATE_QUEUE"], _worker_name(admin, env["CALLGATE_QUEUE"]))
-    proxy.drop_reply(TAKE_SHA)
+    # The first take that took a job runs on Redis; its reply never reaches the worker.
+    lost = proxy.arm(
+        script_fault(LOSE_REPLY, transport.TAKE_LUA, reply_matches=_took, label="take")
+    )
 
     producer = make_producer()
     turn_id, ref, _op = submit_one(producer, "get_stock", {"symbol": "LOST"})
-    wait_until(lambda: proxy.fired == ["drop_reply"], what="the take's reply to be dropped")
+    wait_until(lambda: proxy.fired == [lost], what="the take's reply to be dropped")
     result = only_result(producer, turn_id, timeout=20)
     assert result.status == "succeeded"
     assert _reservations(engine, ref) == 1  # run once
@@ -135,12 +150,14 @@ def test_a_failed_take_forgets_no_returned_job(
     admin = redis_lib.Redis.from_url(private_redis.url)
     taken = transport.taken_key(env["CALLGATE_QUEUE"], _worker_name(admin, env["CALLGATE_QUEUE"]))
     # The first take that carries a finished job's id never reaches Redis.
-    proxy.refuse(TAKE_SHA, min_args=TAKE_ARGS_WITHOUT_RETURNS)
+    refused = proxy.arm(
+        command_fault(CUT, "EVALSHA", args=TAKE_WITH_RETURNS, label="take with returns")
+    )
 
     producer = make_producer()
     turn_id, ref, _op = submit_one(producer, "get_stock", {"symbol": "DONE"})
     assert only_result(producer, turn_id).status == "succeeded"
-    wait_until(lambda: proxy.fired == ["refuse"], what="a take carrying its id to be refused")
+    wait_until(lambda: proxy.fired == [refused], what="a take carrying its id to be refused")
     # The id is sent again with a later take, and the finished job leaves the taken hash.
     wait_until(lambda: admin.hlen(taken) == 0, timeout=10, what="the taken hash to empty")
     assert _reservations(engine, ref) == 1

@@ -7,7 +7,11 @@ r"""A wire-level fault injector: TCP proxies in front of Postgres and Redis that
   can hit the Nth command with a given name and arguments.
 
 Both offer the same faults (``core.Fault``): cut before send, executed with the reply lost,
-connections refused for N seconds, and a round trip stalled for N seconds.
+connections refused for N seconds, and a round trip stalled for N seconds; and, by hand, a
+server restart (``shut_for``/``open``), connections turned away (``reset_next``,
+``turn_away_for``) and a blackholed path (``freeze``). ``pgproxy.commit_fault`` loses the
+reply to one transaction's COMMIT; a Redis ``lose_reply`` may wait for a reply that matches.
+Every test-local proxy went here: there is one of each.
 
 The sweep (``sweep.py``, run by tests/integration/test_fault_matrix.py) puts them between
 real callgate processes and the servers and arms one fault per cell:

@@ -54,6 +54,7 @@ class RoundTrip:
     application: str = ""  # Postgres: the connection's application_name
     commands: tuple[tuple[bytes, ...], ...] = ()  # Redis: each command's words
     params: str = ""  # Postgres: the executed statements' bound values, as text
+    connection: int = 0  # Postgres: which client connection sent it (numbered from 1)
 
 
 @dataclass
@@ -76,6 +77,12 @@ class Fault:
     stall_reply: bool = False
     cut_all: bool = False
     stall_all: bool = False
+    # Redis, lose_reply only: drop the reply only if it satisfies this (given the batch's
+    # replies, raw RESP); otherwise pass it on and stay armed for the next matching batch.
+    reply_matches: Callable[[bytes], bool] | None = None
+    # Postgres, lose_reply: once the reply is lost, turn new connections away this long (the
+    # server went away with it; see ``Proxy.turn_away_for``).
+    refuse_after: float = 0.0
     seen: int = 0
     dropped: bytes = b""  # Redis: the replies a lost-reply fault kept from the client
     hit: RoundTrip | None = None
@@ -103,6 +110,8 @@ class Proxy:
         self._lock = threading.Lock()
         self._writers: set[asyncio.StreamWriter] = set()
         self._refusing_until = 0.0
+        self._resets = 0  # connections still to turn away (``reset_next``)
+        self.reset = 0  # connections turned away by ``reset_next``
         self._frozen_until = 0.0  # a ``stall_all`` fault holds all traffic until then
         self.connections = 0
         self.refused = 0
@@ -118,6 +127,7 @@ class Proxy:
         return self
 
     def stop(self) -> None:
+        self._frozen_until = 0.0  # let held relays see their connections closed
         run(self._close_all(listening=True))
 
     def arm(self, fault: Fault) -> Fault:
@@ -136,6 +146,39 @@ class Proxy:
     def cut_all(self) -> None:
         run(self._close_all(listening=False))
 
+    def turn_away_for(self, seconds: float) -> None:
+        """Keep listening, but reset every new connection as it arrives for ``seconds``
+        (counted in ``refused``; ``open`` ends it early): a server that is there and will not
+        serve, where ``refuse_for`` is one whose port is closed."""
+        self._refusing_until = max(self._refusing_until, time.monotonic() + seconds)
+
+    def shut_for(self, seconds: float, *, cut: bool = False) -> None:
+        """A server restart: from the moment this returns, refuse every new connection for
+        ``seconds``; with ``cut``, also close every open one. ``open`` ends it early."""
+        self._refusing_until = max(self._refusing_until, time.monotonic() + seconds)
+        self.refuse_for(seconds)
+        if cut:
+            self.cut_all()
+
+    def open(self) -> None:
+        """End a refusal now: listen again (within a tenth of a second)."""
+        self._refusing_until = 0.0
+
+    def reset_next(self, n: int = 1, *, cut: bool = True) -> None:
+        """Turn the next ``n`` connections away (RST) as they arrive, as a server at
+        ``max_connections`` does: one failed connect, then service again. With ``cut``, close
+        every open connection first, so the client's next statement needs a new one."""
+        with self._lock:
+            self._resets = n
+        if cut:
+            self.cut_all()
+
+    def freeze(self, seconds: float = 3600.0) -> None:
+        """From now on forward no byte, either way, on any connection, for ``seconds``
+        (``stop`` ends it): the server behind stops answering and nothing more reaches it,
+        yet no connection closes, as when a network path blackholes."""
+        self._frozen_until = max(self._frozen_until, time.monotonic() + seconds)
+
     # --- on the loop ------------------------------------------------------------------
     async def _listen(self) -> None:
         self._server = await asyncio.start_server(
@@ -148,8 +191,8 @@ class Proxy:
         if self._server is not None:
             self._server.close()  # not wait_closed(): that would wait for open connections
             self._server = None
-            while time.monotonic() < self._refusing_until:
-                await asyncio.sleep(self._refusing_until - time.monotonic())
+            while (left := self._refusing_until - time.monotonic()) > 0:
+                await asyncio.sleep(min(left, 0.1))  # short steps: ``open`` may end it early
             for _ in range(50):  # the port may linger briefly; keep the same one
                 try:
                     await self._listen()
@@ -166,6 +209,14 @@ class Proxy:
             abort(w)
 
     async def _accept(self, creader: asyncio.StreamReader, cwriter: asyncio.StreamWriter) -> None:
+        with self._lock:
+            turn_away = self._resets > 0
+            if turn_away:
+                self._resets -= 1
+                self.reset += 1
+        if turn_away:
+            abort(cwriter)
+            return
         if time.monotonic() < self._refusing_until:
             self.refused += 1
             abort(cwriter)
@@ -202,15 +253,30 @@ class Proxy:
             if self.keep_seen:
                 self.seen.append(rt)
             for fault in self._faults:
-                if fault.matches(rt):
-                    fault.seen += 1
-                    if fault.seen == fault.nth:
-                        self._faults.remove(fault)
-                        fault.hit = rt
-                        fault.hit_at = time.monotonic()
-                        self.fired.append(fault)
-                        return fault
+                if not fault.matches(rt):  # once per round trip: a matcher may keep state
+                    continue
+                if fault.reply_matches is not None:
+                    return fault  # fires, or not, when its reply is read (``fire``)
+                fault.seen += 1
+                if fault.seen == fault.nth:
+                    self._faults.remove(fault)
+                    fault.hit = rt
+                    fault.hit_at = time.monotonic()
+                    self.fired.append(fault)
+                    return fault
         return None
+
+    def fire(self, fault: Fault, rt: RoundTrip) -> bool:
+        """Fire a fault that waited for its reply, once: False if it fired already."""
+        with self._lock:
+            if fault not in self._faults:
+                return False
+            self._faults.remove(fault)
+            fault.seen += 1
+            fault.hit = rt
+            fault.hit_at = time.monotonic()
+            self.fired.append(fault)
+        return True
 
     async def apply_before(self, fault: Fault) -> None:
         """Faults that act before the round trip is forwarded (raise Cut to drop it)."""
@@ -238,7 +304,7 @@ class Proxy:
         """Wait while a ``stall_all`` fault holds the traffic (called before forwarding
         anything, either way)."""
         while (left := self._frozen_until - time.monotonic()) > 0:
-            await asyncio.sleep(left)
+            await asyncio.sleep(min(left, 0.1))  # short steps: ``stop`` may end it early
 
 
 class Cut(Exception):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import re
 import struct
 from dataclasses import dataclass
@@ -110,9 +111,43 @@ def sql_fault(
     )
 
 
+def commit_fault(
+    kind: FaultKind = LOSE_REPLY,
+    *,
+    after: str | None = None,
+    application: str | None = None,
+    refuse_after: float = 0.0,
+) -> Fault:
+    """A fault on the next COMMIT, or only on the COMMIT of a transaction that sent SQL
+    matching ``after`` (re.search, case insensitive) on the same connection, not one the
+    client commits before it. ``refuse_after``: see ``Fault``."""
+    marker = re.compile(after, re.IGNORECASE | re.DOTALL) if after is not None else None
+    ending = re.compile(r"^\s*(COMMIT|ROLLBACK)\b", re.IGNORECASE)
+    app = re.compile(application) if application is not None else None
+    pending: set[int] = set()  # connections whose open transaction sent ``after``
+
+    def matches(rt: RoundTrip) -> bool:
+        if app is not None and not app.fullmatch(rt.application):
+            return False
+        if marker is not None and marker.search(rt.text):
+            pending.add(rt.connection)
+        end = ending.match(rt.text)
+        if end is None:
+            return False
+        sent = rt.connection in pending or marker is None
+        pending.discard(rt.connection)
+        return sent and end.group(1).upper() == "COMMIT"
+
+    where = f" after /{after}/" if after else ""
+    fault = Fault(kind, matches, f"COMMIT{where}")
+    fault.refuse_after = refuse_after
+    return fault
+
+
 class PgProxy(Proxy):
     def __init__(self, upstream_host: str = "127.0.0.1", upstream_port: int = 5432) -> None:
         super().__init__(upstream_host, upstream_port)
+        self._numbers = itertools.count(1)
 
     def url(self, database_url: str) -> str:
         """``database_url`` with its host and port replaced by this proxy's."""
@@ -126,13 +161,16 @@ class PgProxy(Proxy):
         swriter: asyncio.StreamWriter,
     ) -> None:
         waiting: collections.deque[_Waiting] = collections.deque()
+        connection = next(self._numbers)
         application = await self._startup(creader, cwriter, swriter)
         if application is None:
             # A cancel request: the server answers nothing and closes; pass it through.
             await swriter.drain()
             await sreader.read()
             return
-        up = asyncio.ensure_future(self._frontend(creader, swriter, waiting, application))
+        up = asyncio.ensure_future(
+            self._frontend(creader, swriter, waiting, application, connection)
+        )
         down = asyncio.ensure_future(self._backend(sreader, cwriter, waiting))
         try:
             done, _ = await asyncio.wait({up, down}, return_when=asyncio.FIRST_COMPLETED)
@@ -169,6 +207,7 @@ class PgProxy(Proxy):
         swriter: asyncio.StreamWriter,
         waiting: collections.deque[_Waiting],
         application: str,
+        connection: int,
     ) -> None:
         statements: dict[str, str] = {}
         portals: dict[str, str] = {}
@@ -206,17 +245,22 @@ class PgProxy(Proxy):
                 held.append(raw)
                 if executed:
                     rt = RoundTrip(
-                        "; ".join(executed), "execute", application, params=" ".join(values)
+                        "; ".join(executed),
+                        "execute",
+                        application,
+                        params=" ".join(values),
+                        connection=connection,
                     )
                 else:
-                    rt = RoundTrip("; ".join(parsed), "parse", application)
+                    rt = RoundTrip("; ".join(parsed), "parse", application, connection=connection)
                 data = b"".join(held)
                 held.clear()
                 executed.clear()
                 parsed.clear()
                 values.clear()
             elif kind == ord("Q"):
-                rt = RoundTrip(body[:-1].decode("utf-8", "replace"), "execute", application)
+                text = body[:-1].decode("utf-8", "replace")
+                rt = RoundTrip(text, "execute", application, connection=connection)
                 data = raw
             else:  # password, terminate, copy data: not a round trip a fault targets
                 swriter.write(raw)
@@ -250,6 +294,8 @@ class PgProxy(Proxy):
                 if fault is not None and fault.kind == LOSE_REPLY:
                     # Executed (and, in autocommit or for COMMIT, committed): the client
                     # never learns it.
+                    if fault.refuse_after:
+                        self.turn_away_for(fault.refuse_after)
                     fault.fired.set()
                     raise Cut
                 if fault is not None and fault.kind == STALL and fault.stall_reply:
@@ -268,4 +314,4 @@ class PgProxy(Proxy):
             await cwriter.drain()
 
 
-__all__ = ["CUT", "LOSE_REPLY", "REFUSE", "STALL", "PgProxy", "sql_fault"]
+__all__ = ["CUT", "LOSE_REPLY", "REFUSE", "STALL", "PgProxy", "commit_fault", "sql_fault"]

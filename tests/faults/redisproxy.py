@@ -12,7 +12,7 @@ import asyncio
 import collections
 import hashlib
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tests.faults.core import LOSE_REPLY, STALL, Cut, Fault, FaultKind, Proxy, RoundTrip
@@ -97,10 +97,12 @@ def command_fault(
     stall_reply: bool = False,
     cut_all: bool = False,
     stall_all: bool = False,
+    reply_matches: Callable[[bytes], bool] | None = None,
     label: str | None = None,
 ) -> Fault:
     """A fault on the ``nth`` batch holding command ``command`` (any case) whose arguments,
-    joined by spaces, match ``args`` (re.search) if given."""
+    joined by spaces, match ``args`` (re.search) if given. ``reply_matches`` (lose_reply):
+    the first such batch whose replies satisfy it, instead."""
     name = command.upper().encode()
     regex = re.compile(args.encode(), re.DOTALL) if args is not None else None
 
@@ -121,6 +123,7 @@ def command_fault(
         stall_reply=stall_reply,
         cut_all=cut_all,
         stall_all=stall_all,
+        reply_matches=reply_matches,
     )
 
 
@@ -238,7 +241,9 @@ class RedisProxy(Proxy):
                 batch = waiting[0]
                 batch.replies -= 1
                 fault = batch.fault
-                if fault is not None and fault.kind == LOSE_REPLY:
+                if fault is not None and fault.reply_matches is not None:
+                    held += buf[pos:end]  # dropped or passed on once the batch is whole
+                elif fault is not None and fault.kind == LOSE_REPLY:
                     fault.dropped += buf[pos:end]  # dropped (kept for the evidence)
                 elif fault is not None and fault.kind == STALL and fault.stall_reply:
                     held += buf[pos:end]
@@ -247,7 +252,17 @@ class RedisProxy(Proxy):
                 pos = end
                 if batch.replies == 0:
                     waiting.popleft()
-                    if fault is not None and fault.kind == LOSE_REPLY:
+                    if fault is not None and fault.reply_matches is not None:
+                        replies = bytes(held)
+                        held.clear()
+                        if fault.reply_matches(replies) and self.fire(fault, batch.rt):
+                            fault.dropped += replies
+                            cwriter.write(bytes(out))
+                            await cwriter.drain()
+                            fault.fired.set()
+                            raise Cut
+                        out += replies
+                    elif fault is not None and fault.kind == LOSE_REPLY:
                         cwriter.write(bytes(out))
                         await cwriter.drain()
                         fault.fired.set()

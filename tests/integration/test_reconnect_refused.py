@@ -1,9 +1,9 @@
 """A worker whose PostgreSQL connections are refused, for real, in the middle of a call.
 
 The worker runs in this process (its consumer, executor and heartbeat as ``callgate worker``
-runs them) with its engine behind a door (tests/integration/pg_door.py) that the call's own
+runs them) with its engine behind a Postgres proxy (tests/faults/pgproxy.py) that the call's own
 tool shuts at a chosen moment: a refused connect and every session cut, as a PostgreSQL
-restart does. The door opens again after a few seconds. What is counted: handler invocations,
+restart does. The proxy listens again after a few seconds. What is counted: handler invocations,
 downstream rows, the call's and operation's rows; never a returned value.
 """
 
@@ -29,7 +29,7 @@ from callgate.store import db
 from callgate.tools.registry import READ_ONLY, ExecutionContext, Facts, Principal, Registry, Tool
 from callgate.worker.consumer import Consumer
 from callgate.worker.runtime import Runtime
-from tests.integration.pg_door import Door
+from tests.faults.pgproxy import PgProxy
 
 CONTEXT = {"request_id": "r", "tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
 
@@ -66,7 +66,7 @@ def _registry(hooks: Hooks, effects: Engine) -> Registry:
 
     def note(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
         hooks.invocations.append(args.token)
-        # The write's downstream is reached directly, not through the door: it applies.
+        # The write's downstream is reached directly, not through the proxy: it applies.
         with effects.begin() as conn:
             conn.execute(
                 text("INSERT INTO public.door_effects (token) VALUES (:t)"), {"t": args.token}
@@ -85,7 +85,7 @@ def _registry(hooks: Hooks, effects: Engine) -> Registry:
 
 @dataclass
 class World:
-    door: Door
+    pg: PgProxy
     direct: Engine
     producer: Producer
     hooks: Hooks
@@ -132,7 +132,7 @@ class World:
 
 
 @pytest.fixture
-def world(database_url: str, redis_url: str, queue_name: str) -> Iterator[World]:
+def world(database_url: str, redis_url: str, queue_name: str, pg_proxy: PgProxy) -> Iterator[World]:
     settings = Settings.from_env(
         {
             "CALLGATE_DATABASE_URL": database_url,
@@ -149,8 +149,9 @@ def world(database_url: str, redis_url: str, queue_name: str) -> Iterator[World]
     producer = Producer(
         settings=settings, engine=direct, redis_connection=connection, registry=registry
     )
-    door = Door(database_url)
-    behind = db.create(door.url, pool_size=3, max_overflow=0, application_name="door-worker")
+    behind = db.create(
+        pg_proxy.url(database_url), pool_size=3, max_overflow=0, application_name="door-worker"
+    )
     rt = Runtime(
         settings=settings,
         engine=behind,
@@ -162,12 +163,11 @@ def world(database_url: str, redis_url: str, queue_name: str) -> Iterator[World]
     worker = threading.Thread(target=consumer.run, daemon=True)
     worker.start()
     try:
-        yield World(door, direct, producer, hooks)
+        yield World(pg_proxy, direct, producer, hooks)
     finally:
-        door.open()
+        pg_proxy.open()
         consumer.stop()
         worker.join(30)
-        door.close()
         behind.dispose()
         direct.dispose()
 
@@ -176,34 +176,34 @@ def test_a_reserve_that_meets_a_refused_connect_is_retried_and_runs_once(world: 
     accepted: list[int] = []
 
     def restart() -> None:
-        accepted.append(world.door.accepted)
-        world.door.shut_for(2.0, cut=True)
+        accepted.append(world.pg.connections)
+        world.pg.shut_for(2.0, cut=True)
 
     world.hooks.before_reserve = restart
     ref, token = world.submit("probe")
     row = world.wait_ended(ref, timeout=30)
     assert (row["state"], row["code"]) == ("succeeded", None), row
     assert world.hooks.invocations == [token]
-    assert accepted, "the door was never shut"
-    assert world.door.accepted > accepted[0]  # the reservation had to reconnect
+    assert accepted, "the proxy never refused"
+    assert world.pg.connections > accepted[0]  # the reservation had to reconnect
 
 
 def test_one_connect_turned_away_before_the_reserve_does_not_end_the_call(world: World) -> None:
     """One failed connect (the server turns it away, then serves again), met by the
     reservation after its pooled connection was cut: retried, not taken for a gate bug (which
     ended a call that never ran ``failed_terminal execution_failed``)."""
-    world.hooks.before_reserve = lambda: world.door.reset_next(1, cut=True)
+    world.hooks.before_reserve = lambda: world.pg.reset_next(1, cut=True)
     ref, token = world.submit("probe")
     row = world.wait_ended(ref, timeout=30)
     assert (row["state"], row["code"]) == ("succeeded", None), row
     assert world.hooks.invocations == [token]
-    assert world.door.reset == 1  # the reservation did meet the failed connect
+    assert world.pg.reset == 1  # the reservation did meet the failed connect
 
 
 def test_a_completion_that_meets_a_restart_stores_the_result_it_holds(world: World) -> None:
     """The write applied; PostgreSQL is down for 4 s as the worker completes it. The
     completion's retries ride the outage out: succeeded, one effect, no takeover."""
-    world.hooks.after_effect = lambda: world.door.shut_for(4.0, cut=True)
+    world.hooks.after_effect = lambda: world.pg.shut_for(4.0, cut=True)
     ref, token = world.submit("note")
     row = world.wait_ended(ref, timeout=40)
     assert world.effects(token) == 1
@@ -220,7 +220,7 @@ def test_a_completion_that_meets_a_restart_stores_the_result_it_holds(world: Wor
 def test_a_refusal_longer_than_the_retry_budget_delivers_the_call_again(world: World) -> None:
     """Refused for 13 s (past one statement's 10 s of retries) before the reservation: the
     worker delivers the call again itself; a call that never ran never ends failed."""
-    world.hooks.before_reserve = lambda: world.door.shut_for(13.0, cut=True)
+    world.hooks.before_reserve = lambda: world.pg.shut_for(13.0, cut=True)
     ref, token = world.submit("probe")
     row = world.wait_ended(ref, timeout=60)
     assert (row["state"], row["code"]) == ("succeeded", None), row
@@ -232,7 +232,7 @@ def test_a_completion_outlasts_an_outage_longer_than_one_statements_retries(
 ) -> None:
     """Down 13 s (past the 10 s a statement is retried, inside the 30 s lease) as the worker
     completes an applied write: the completion keeps its result and stores it itself."""
-    world.hooks.after_effect = lambda: world.door.shut_for(13.0, cut=True)
+    world.hooks.after_effect = lambda: world.pg.shut_for(13.0, cut=True)
     ref, token = world.submit("note")
     row = world.wait_ended(ref, timeout=60)
     assert world.effects(token) == 1
@@ -245,15 +245,16 @@ def test_a_completion_outlasts_an_outage_longer_than_one_statements_retries(
     ), row
 
 
-def test_every_way_to_a_connection_names_a_refused_connect_an_outage(database_url: str) -> None:
+def test_every_way_to_a_connection_names_a_refused_connect_an_outage(
+    database_url: str, pg_proxy: PgProxy
+) -> None:
     """The worker's pooled driver connections (load, reserve, renew, complete), SQLAlchemy's
     (sweeper, relayer, producer, API) and a transaction (submit, relayer claim): a refused
     connect is transient (retried, then delivered again) and reads as ``database_unavailable``,
     never as the driver's raw error a retry gives up on."""
-    door = Door(database_url)
-    engine = db.create(door.url)
+    engine = db.create(pg_proxy.url(database_url))
     try:
-        door.shut()
+        pg_proxy.shut_for(3600)
         ways: dict[str, Callable[[], Any]] = {
             "raw_autocommit": lambda: db.raw_autocommit(engine).__enter__(),
             "autocommit": lambda: db.autocommit(engine).__enter__(),
@@ -266,7 +267,6 @@ def test_every_way_to_a_connection_names_a_refused_connect_an_outage(database_ur
             with pytest.raises(ServiceUnavailable), db.translate_errors(name):
                 way()
     finally:
-        door.close()
         engine.dispose()
 
 

@@ -1,8 +1,8 @@
 """A submit whose COMMIT reply is lost: the turn is committed, the producer cannot know.
 
-Real PostgreSQL behind a small proxy (commit_loss_proxy.py) that lets the COMMIT execute on
-the server and drops its reply. Counted in PostgreSQL's own rows: how many turns and calls
-one logical submit leaves behind.
+Real PostgreSQL behind the Postgres fault proxy (tests/faults/pgproxy.py), which lets the
+COMMIT execute on the server and drops its reply. Counted in PostgreSQL's own rows: how many
+turns and calls one logical submit leaves behind.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -24,7 +23,7 @@ from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer import Producer
 from callgate.queue import transport
 from callgate.store import db
-from tests.integration.commit_loss_proxy import CommitLossProxy
+from tests.faults.pgproxy import PgProxy, commit_fault
 from tests.integration.conftest import stored
 
 CONTEXT = {
@@ -46,16 +45,8 @@ def _email(call_id: str) -> list[dict[str, object]]:
 
 
 @pytest.fixture
-def proxy(database_url: str) -> Iterator[CommitLossProxy]:
-    parts = urlsplit(database_url)
-    p = CommitLossProxy(parts.hostname or "127.0.0.1", parts.port or 5432)
-    yield p
-    p.close()
-
-
-@pytest.fixture
 def proxied_producer(
-    proxy: CommitLossProxy, database_url: str, redis_url: str, queue_name: str
+    pg_proxy: PgProxy, database_url: str, redis_url: str, queue_name: str
 ) -> Iterator[Producer]:
     settings = Settings.from_env(
         {
@@ -66,7 +57,7 @@ def proxied_producer(
     )
     p = Producer(
         settings=settings,
-        engine=db.create(proxy.url_for(database_url)),
+        engine=db.create(pg_proxy.url(database_url)),
         redis_connection=transport.connect(redis_url),
         registry=demo_registry(),
     )
@@ -85,14 +76,14 @@ def _turns_with_call(engine: Engine, call_id: str) -> int:
 
 
 def test_a_lost_commit_reply_is_found_by_the_producers_own_retry(
-    proxy: CommitLossProxy, proxied_producer: Producer, engine: Engine
+    pg_proxy: PgProxy, proxied_producer: Producer, engine: Engine
 ) -> None:
     call_id = f"mail-{uuid.uuid4().hex[:8]}"
-    proxy.lose_next_commit()
+    lost = pg_proxy.arm(commit_fault())
 
     turn = proxied_producer.submit(_email(call_id), CONTEXT)
 
-    assert proxy.commits_lost == 1  # the fault really happened: a COMMIT ran, its reply lost
+    assert pg_proxy.fired == [lost]  # the fault really happened: a COMMIT ran, its reply lost
     assert _turns_with_call(engine, call_id) == 1
     with engine.connect() as conn:
         recorded = conn.execute(
@@ -102,17 +93,17 @@ def test_a_lost_commit_reply_is_found_by_the_producers_own_retry(
 
 
 def test_a_submit_that_gives_up_after_a_lost_commit_says_the_outcome_is_unknown(
-    proxy: CommitLossProxy, proxied_producer: Producer, producer: Producer, engine: Engine
+    pg_proxy: PgProxy, proxied_producer: Producer, producer: Producer, engine: Engine
 ) -> None:
     call_id = f"mail-{uuid.uuid4().hex[:8]}"
-    proxy.refuse_after_loss = True  # PostgreSQL unreachable for the rest of the budget
-    proxy.lose_next_commit()
+    # PostgreSQL unreachable for the rest of the budget once the reply is lost.
+    lost = pg_proxy.arm(commit_fault(refuse_after=3600))
 
     with pytest.raises(ServiceUnavailable) as caught:
         proxied_producer.submit(_email(call_id), CONTEXT)
 
-    assert proxy.commits_lost == 1
-    assert proxy.connections > 1  # the producer did try again, and was refused
+    assert pg_proxy.fired == [lost]
+    assert pg_proxy.refused > 0  # the producer did try again, and was refused
     err = caught.value
     assert err.code == ErrorCode.DATABASE_UNAVAILABLE
     assert err.recorded is None and err.submit_key
@@ -127,10 +118,10 @@ def test_a_submit_that_gives_up_after_a_lost_commit_says_the_outcome_is_unknown(
 
 
 def test_a_submit_refused_before_commit_says_nothing_was_recorded(
-    proxy: CommitLossProxy, proxied_producer: Producer, engine: Engine
+    pg_proxy: PgProxy, proxied_producer: Producer, engine: Engine
 ) -> None:
     call_id = f"mail-{uuid.uuid4().hex[:8]}"
-    proxy.refuse_all = True  # no statement of the turn reaches PostgreSQL
+    pg_proxy.shut_for(3600)  # no statement of the turn reaches PostgreSQL
 
     with pytest.raises(ServiceUnavailable) as caught:
         proxied_producer.submit(_email(call_id), CONTEXT)

@@ -7,7 +7,6 @@ stable inbound code. Nothing else may escape a reader (a fuzz test holds us to t
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable, Collection, Mapping
@@ -16,7 +15,14 @@ from typing import Any, NoReturn
 from pydantic import ValidationError
 
 from callgate.core import values
-from callgate.core.errors import CallgateError, CorrelationError, ErrorCode, JSONValueError
+
+# The error types and the plain-JSON helpers live in core (the worker's MCP client uses them
+# too, and must not import the producer); re-exported here, where every adapter finds them.
+from callgate.core.errors import AdapterCorrelationError as AdapterCorrelationError
+from callgate.core.errors import AdapterError as AdapterError
+from callgate.core.errors import ErrorCode, JSONValueError
+from callgate.core.plain import show as show
+from callgate.core.plain import to_plain as to_plain
 from callgate.core.types import ProposedCall
 
 # Bounds on what we will walk: the same as submit's (callgate/core/values.py).
@@ -30,73 +36,10 @@ MAX_INT_BITS = values.MAX_INT_BITS
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
-class AdapterError(CallgateError):
-    """A provider envelope, stream or result set callgate refuses. ``code`` is stable."""
-
-    code = ErrorCode.INVALID_PROVIDER_ENVELOPE
-
-
-class AdapterCorrelationError(AdapterError, CorrelationError):
-    """Results do not match proposals one to one, found while serialising.
-
-    Both an ``AdapterError`` (what the adapter entry points raise) and a ``CorrelationError``
-    (what fan-in raises for the same fault), so either ``except`` clause catches it.
-    """
-
-    code = ErrorCode.MISSING_RESULT
-
-
 def fail(code: ErrorCode, message: str, path: str | None = None) -> NoReturn:
     """Raise an AdapterError; ``path`` points at the offending field, never at its value."""
     details = [{"code": str(code), "path": path}] if path else None
     raise AdapterError(message, code=code, details=details)
-
-
-def show(value: object, limit: int = 64) -> str:
-    """A bounded repr for messages: names and ids only, never argument values."""
-    try:
-        text = repr(value)
-    except (ValueError, RecursionError):
-        # Model-controlled values can defeat repr: an int past sys.get_int_max_str_digits()
-        # raises ValueError, a list nested thousands deep RecursionError. A message about a
-        # bad value must not become a crash of its own.
-        return f"<{type(value).__name__}>"
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def to_plain(value: object) -> object:
-    """Turn an SDK response object into plain JSON data; pass plain data through.
-
-    The official SDKs (openai, anthropic, google-genai) all hand out pydantic models. We call
-    their ``model_dump`` by duck typing so this package never imports an SDK. ``by_alias``
-    gives the wire spelling (google-genai's models alias snake_case fields to camelCase).
-    Null fields are kept: an SDK helper's snapshot of a cut-off stream differs from a whole
-    response only by a null stop/finish reason, which dropping nulls would hide (an SDK
-    object's absent field dumps as null too). Serializer warnings are off: the SDKs' own
-    unions warn on their own objects (a ``ParsedResponse`` holding a message item), and
-    under ``-W error`` a warning would turn a valid response into a refusal.
-    Text or bytes are parsed as JSON, for callers holding a raw HTTP body.
-    """
-    if isinstance(value, str | bytes | bytearray):
-        try:
-            return json.loads(value, parse_constant=_reject_constant)
-        except (ValueError, RecursionError):
-            fail(ErrorCode.INVALID_PROVIDER_ENVELOPE, "the response text is not JSON")
-    dump = getattr(value, "model_dump", None)
-    if callable(dump) and not isinstance(value, type):
-        try:
-            return dump(mode="json", by_alias=True, warnings=False)
-        except Exception as exc:  # an SDK's own serialiser failing is its envelope's fault
-            raise AdapterError(
-                f"could not read the {type(value).__name__} object as JSON",
-                code=ErrorCode.INVALID_PROVIDER_ENVELOPE,
-            ) from exc
-    return value
-
-
-def _reject_constant(name: str) -> NoReturn:
-    # json.loads accepts NaN and Infinity by default; they are not JSON and not arguments.
-    raise ValueError(f"{name} is not valid JSON")
 
 
 def obj(value: object, code: ErrorCode, what: str, path: str) -> dict[str, object]:

@@ -23,9 +23,9 @@ from __future__ import annotations
 from functools import partial
 from typing import Any
 
+import callgate.producer.adapters.names as names
 from callgate.core.errors import ErrorCode
 from callgate.core.types import ProposedCall
-from callgate.producer.adapters import names
 from callgate.producer.adapters.base import (
     arr,
     fail,

@@ -38,15 +38,13 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+import callgate.producer.adapters.anthropic_messages as anthropic_messages
+import callgate.producer.adapters.gemini_generate_content as gemini_generate_content
+import callgate.producer.adapters.gemini_interactions as gemini_interactions
+import callgate.producer.adapters.openai_chat as openai_chat
+import callgate.producer.adapters.openai_responses as openai_responses
 from callgate.core.errors import ErrorCode
 from callgate.core.types import ProposedCall
-from callgate.producer.adapters import (
-    anthropic_messages,
-    gemini_generate_content,
-    gemini_interactions,
-    openai_chat,
-    openai_responses,
-)
 from callgate.producer.adapters.base import arr, fail, get, obj, to_plain
 from callgate.producer.adapters.gemini_partial_args import PartialCalls
 

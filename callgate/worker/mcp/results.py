@@ -29,7 +29,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from callgate.core.errors import ErrorCode
+from callgate.core.errors import AdapterError, ErrorCode
+from callgate.core.plain import show, to_plain
 from callgate.core.types import (
     AppError,
     FailedRetryable,
@@ -37,7 +38,6 @@ from callgate.core.types import (
     SafeErrorDetail,
     Succeeded,
 )
-from callgate.producer.adapters.base import AdapterError, show, to_plain
 from callgate.tools.results import redact_text
 
 INVALID_PARAMS = -32602

@@ -29,9 +29,8 @@ from typing import Any
 
 from sqlalchemy import Engine
 
-from callgate.core.errors import ErrorCode, ToolError
+from callgate.core.errors import AdapterError, ErrorCode, ToolError
 from callgate.core.types import Succeeded
-from callgate.producer.adapters.base import AdapterError
 from callgate.store import mcp_evidence
 from callgate.store.mcp_catalog import Definition, ServerInfo
 from callgate.tools import redaction
