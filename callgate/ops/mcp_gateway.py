@@ -45,7 +45,7 @@ from callgate.core import values
 from callgate.core.errors import CallgateError, ConfigurationError, ErrorCode, InputError
 from callgate.core.settings import describe
 from callgate.core.types import TRUST_LABEL, CallContext
-from callgate.ops.cli.common import setting_option
+from callgate.ops.flags import setting_option
 from callgate.store import api_keys, approvals
 
 log = logging.getLogger("callgate.mcp.gateway")

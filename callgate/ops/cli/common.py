@@ -11,15 +11,16 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO
 
 import click
 from prometheus_client import REGISTRY
 
 from callgate.core import logs, values
 from callgate.core.errors import CallgateError, ConfigurationError, InputError, JSONValueError
-from callgate.core.settings import Settings, describe, metrics_port
+from callgate.core.settings import Settings, metrics_port
 from callgate.observe import gauges, metrics
+from callgate.ops.flags import setting_option
 from callgate.queue import transport
 from callgate.store import db
 from callgate.store import migrate as migrations
@@ -27,24 +28,11 @@ from callgate.tools import redaction
 
 EXIT_ERROR = 2
 
-F = TypeVar("F", bound=Callable[..., Any])
 
 # The group of the entry points that install a tool set's downstream schema next to
 # callgate's (the demo's payments and mail): `migrate` names one, and never imports it.
 DOWNSTREAMS = "callgate.downstreams"
 DEMO_DOWNSTREAM = "demo"
-
-
-def setting_option(*decls: str, variable: str, **kwargs: Any) -> Callable[[F], F]:
-    """A flag that is also the variable ``variable``: its default comes from that variable's
-    one declaration (callgate.core.settings), and its help says which variable it is."""
-    described = describe(variable)
-    kwargs["envvar"] = described.env
-    if described.default is not None:
-        kwargs.setdefault("default", described.default)
-        kwargs.setdefault("show_default", True)
-    kwargs["help"] = f"{kwargs.get('help') or described.help} (env {described.env})"
-    return click.option(*decls, **kwargs)
 
 
 def load_settings() -> Settings:

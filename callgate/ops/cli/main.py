@@ -21,7 +21,8 @@ from sqlalchemy.exc import OperationalError
 from callgate.core import logs
 from callgate.core.errors import CallgateError, ErrorCode
 from callgate.ops.cli import approvals, maintenance, processes, turns
-from callgate.ops.cli.common import EXIT_ERROR, setting_option, setup_logging
+from callgate.ops.cli.common import EXIT_ERROR, setup_logging
+from callgate.ops.flags import setting_option
 from callgate.ops.http.serve import api_cmd, keys_group
 from callgate.ops.mcp_gateway import mcp_gateway_cmd
 

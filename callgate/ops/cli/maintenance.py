@@ -9,7 +9,8 @@ from dataclasses import asdict
 import click
 from sqlalchemy import Engine
 
-from callgate.ops.cli.common import OPS_APPLICATION, load_settings, setting_option, table
+from callgate.ops.cli.common import OPS_APPLICATION, load_settings, table
+from callgate.ops.flags import setting_option
 from callgate.store import db, reconciliation, retention
 
 

@@ -20,11 +20,11 @@ from callgate.ops.cli.common import (
     runs_demo_tools,
     serve_metrics,
     service_env,
-    setting_option,
     state_metrics_option,
     stop_on_term,
     with_metrics,
 )
+from callgate.ops.flags import setting_option
 from callgate.ops.stack import Stack, check_ports_free
 from callgate.queue import transport
 from callgate.store import db
