@@ -1,5 +1,5 @@
 """``python -m callgate``: the same CLI as the ``callgate`` command."""
 
-from callgate.ops.cli import main
+from callgate.ops.cli.main import main
 
 main()

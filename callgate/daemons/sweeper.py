@@ -280,11 +280,8 @@ def _end(
         )
     metrics.exhausted(error["code"], finished.finished)
     logs.event(log, error["code"], logging.WARNING, call_ref=due.ref, operation_id=due.operation_id)
-    if finished.successors:
-        try:
-            transport.enqueue_calls(queue, finished.successors, timeout=job_timeout)
-        except Exception as exc:  # they are marked dispatched: a later sweep retries them
-            log.warning("sweeper: %s", exc)
+    # They are marked dispatched: if Redis refuses, a later sweep dispatches them.
+    transport.dispatch_after_commit(queue, finished.successors, timeout=job_timeout, who="sweeper")
     return finished.finished > 0
 
 

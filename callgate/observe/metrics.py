@@ -267,10 +267,6 @@ def declare_sweeper() -> None:
         SWEEPER_EXHAUSTED.labels(code)
 
 
-def calls_proposed(tool: str, count: int = 1) -> None:
-    CALLS_PROPOSED.labels(tool).inc(count)
-
-
 def calls_proposed_all(names: Iterable[str], registered: Iterable[str]) -> None:
     """One count per proposed call, labelled by ``tool_label``."""
     known = set(registered)

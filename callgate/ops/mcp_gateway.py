@@ -34,7 +34,6 @@ from __future__ import annotations
 import ipaddress
 import json
 import logging
-import os
 import threading
 import time
 import uuid
@@ -44,7 +43,9 @@ import click
 
 from callgate.core import values
 from callgate.core.errors import CallgateError, ConfigurationError, ErrorCode, InputError
+from callgate.core.settings import describe
 from callgate.core.types import TRUST_LABEL, CallContext
+from callgate.ops.cli.common import setting_option
 from callgate.store import api_keys, approvals
 
 log = logging.getLogger("callgate.mcp.gateway")
@@ -53,8 +54,9 @@ UNKNOWN_TOOL = -32602  # JSON-RPC invalid params: the principal has no such tool
 POLL_SECONDS = 0.5
 SERVER_NAME = "callgate"
 # The DNS-rebinding filter's defaults: clients on this machine, on any port.
-LOOPBACK_HOSTS = ("127.0.0.1:*", "localhost:*", "[::1]:*")
-LOOPBACK_ORIGINS = ("http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*")
+# The loopback defaults, as the settings declare them.
+LOOPBACK_HOSTS = tuple(describe("CALLGATE_MCP_GATEWAY_ALLOWED_HOSTS").default.split(","))
+LOOPBACK_ORIGINS = tuple(describe("CALLGATE_MCP_GATEWAY_ALLOWED_ORIGINS").default.split(","))
 
 
 class Gateway:
@@ -279,7 +281,7 @@ def serve(
     from callgate.ops.http.settings import ApiSettings
     from callgate.ops.mcp_gateway_auth import KeyAuth
 
-    api = ApiSettings.from_env(dict(os.environ))
+    api = ApiSettings.from_env()
     app = server.streamable_http_app(
         host=host,
         transport_security=TransportSecuritySettings(
@@ -309,49 +311,37 @@ def serve(
     help="stdio only: the principal's context, JSON {request_id, tenant_id, user_id, roles}. "
     "Over --http each request's API key names its principal instead.",
 )
-@click.option(
+@setting_option(
     "--http",
     "port",
     type=click.IntRange(1, 65535),
-    default=None,
-    envvar="CALLGATE_MCP_GATEWAY_PORT",
+    variable="CALLGATE_MCP_GATEWAY_PORT",
     help="Serve streamable HTTP on this port (path /mcp) instead of stdio; every request "
-    "needs Authorization: Bearer KEY (callgate keys create) "
-    "(env CALLGATE_MCP_GATEWAY_PORT).",
+    "needs Authorization: Bearer KEY (callgate keys create).",
 )
-@click.option(
+@setting_option(
     "--host",
-    default="127.0.0.1",
-    show_default=True,
-    envvar="CALLGATE_MCP_GATEWAY_HOST",
-    help="Address to listen on with --http (env CALLGATE_MCP_GATEWAY_HOST).",
+    variable="CALLGATE_MCP_GATEWAY_HOST",
+    help="Address to listen on with --http.",
 )
-@click.option(
+@setting_option(
     "--allowed-hosts",
-    default=",".join(LOOPBACK_HOSTS),
-    show_default=True,
-    envvar="CALLGATE_MCP_GATEWAY_ALLOWED_HOSTS",
+    variable="CALLGATE_MCP_GATEWAY_ALLOWED_HOSTS",
     help="With --http: comma-separated Host header values the DNS-rebinding filter accepts "
     "(host:port, or host:* for any port); any other Host is 421. Needed with a --host "
-    "that is not loopback (env CALLGATE_MCP_GATEWAY_ALLOWED_HOSTS).",
+    "that is not loopback.",
 )
-@click.option(
+@setting_option(
     "--allowed-origins",
-    default=",".join(LOOPBACK_ORIGINS),
-    show_default=True,
-    envvar="CALLGATE_MCP_GATEWAY_ALLOWED_ORIGINS",
+    variable="CALLGATE_MCP_GATEWAY_ALLOWED_ORIGINS",
     help="With --http: comma-separated Origin values accepted from browsers (scheme://host:port "
-    "or :*); a request without Origin is not a browser's and passes "
-    "(env CALLGATE_MCP_GATEWAY_ALLOWED_ORIGINS).",
+    "or :*); a request without Origin is not a browser's and passes.",
 )
-@click.option(
+@setting_option(
     "--wait",
     type=click.FloatRange(0, 3600),
-    default=30.0,
-    show_default=True,
-    envvar="CALLGATE_MCP_GATEWAY_WAIT",
-    help="Seconds a tools/call waits for its result before answering that it is still "
-    "running (env CALLGATE_MCP_GATEWAY_WAIT).",
+    variable="CALLGATE_MCP_GATEWAY_WAIT",
+    help="Seconds a tools/call waits for its result before answering that it is still running.",
 )
 def mcp_gateway_cmd(
     context_file: TextIO | None,

@@ -20,7 +20,7 @@ from callgate.core.errors import AccessError, CallgateError, ErrorCode
 from callgate.core.types import CallContext
 from callgate.ops.http.auth import RateLimiter, bearer_key
 from callgate.store import api_keys
-from callgate.store.api_keys import Principal
+from callgate.store.api_keys import KeyHolder
 
 log = logging.getLogger("callgate.mcp.gateway")
 
@@ -32,7 +32,7 @@ class KeyUser(AuthenticatedUser):
     key that opened it (the SDK answers another key's use of it as an unknown session).
     The token field holds the key id: the secret is never kept past the check."""
 
-    def __init__(self, principal: Principal) -> None:
+    def __init__(self, principal: KeyHolder) -> None:
         super().__init__(
             AccessToken(
                 token=principal.key_id,
@@ -73,7 +73,7 @@ class KeyAuth:
         # that wait for their results on the shared pool.
         self._threads: Any = None
 
-    def _principal(self, authorization: str | None) -> Principal:
+    def _principal(self, authorization: str | None) -> KeyHolder:
         principal = api_keys.authenticate(self.engine, bearer_key(authorization))
         self.limiter.take(principal)
         return principal

@@ -2,10 +2,10 @@
 
 ``submit`` runs the synchronous producer's exact path (validation, one Postgres transaction,
 one enqueue) on a worker thread, so both producers record and enqueue a turn the same way.
-Fan-in is native asyncio: results arrive on the turn's Redis stream (``redis.asyncio``) and
-Postgres is re-read every second as the safety net for a publish Redis lost, and instead of
-the stream while Redis is away; the steps are ``Producer.collect``'s, decided by the same
-``fanin.Pacing``. Waiting therefore holds no thread, however many turns an application
+Fan-in is native asyncio: it awaits the reads of ``Producer.collect``'s own loop
+(``fanin.follow``): results arrive on the turn's Redis stream (``redis.asyncio``) and Postgres
+is re-read every second as the safety net for a publish Redis lost, and instead of the stream
+while Redis is away. Waiting therefore holds no thread, however many turns an application
 follows at once.
 
     async with AsyncProducer.from_env() as producer:
@@ -17,11 +17,8 @@ follows at once.
 from __future__ import annotations
 
 import asyncio
-import json
-import logging
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -30,12 +27,20 @@ import redis.asyncio
 from callgate.core.settings import Settings
 from callgate.core.types import CallContext, ProposedCall, Turn
 from callgate.producer import validation
-from callgate.producer.fanin import FanIn, Next, Pacing, Result
-from callgate.producer.producer import (
-    POSTGRES_RECHECK_SECONDS,
+from callgate.producer.fanin import (
     REDIS_AWAY,
+    FanIn,
+    Landed,
+    ReadPostgres,
+    Result,
+    Sleep,
+    advance,
+    follow,
+)
+from callgate.producer.producer import (
     Collected,
     Producer,
+    collected,
     fanned_in,
     first_read,
     recheck,
@@ -44,19 +49,6 @@ from callgate.queue import transport
 from callgate.store import db, turns
 
 T = TypeVar("T")
-
-log = logging.getLogger("callgate.producer")
-
-
-@dataclass
-class _Following:
-    """One turn being fanned in: its proposal set and the results joined so far."""
-
-    state: turns.TurnState
-    fan: FanIn
-    stream: str
-    last_id: str = "0-0"
-    loaded: float = field(default_factory=time.monotonic)  # when ``state`` was read
 
 
 class AsyncProducer:
@@ -68,8 +60,8 @@ class AsyncProducer:
 
     @classmethod
     def from_env(cls, settings: Settings | None = None) -> AsyncProducer:
-        """Build from the same settings as ``Producer.from_env`` (``CALLGATE_TOOLS`` is
-        required)."""
+        """Build from the same settings as ``Producer.from_env`` (tools from the catalogue
+        workers publish, or from ``CALLGATE_TOOLS`` when set)."""
         producer = Producer.from_env(settings)
         return cls(producer, _connect(producer.settings.require_redis()))
 
@@ -111,84 +103,57 @@ class AsyncProducer:
         """
         if timeout is not None:
             validation.check_timeout(timeout)
-        following = await self._open(turn_id, timeout)
-        async for result in self._landing(following, timeout):
+        deadline = None if timeout is None else time.monotonic() + timeout
+        state = await asyncio.to_thread(first_read, self.producer.engine, turn_id, timeout)
+        loaded = time.monotonic()
+        fan = FanIn(state.proposals)
+        async for result in self._landing(state, fan, deadline):
             yield result
-        fanned_in(following.state, following.fan, following.loaded)
+        fanned_in(state, fan, loaded)
 
     async def collect(self, turn_id: str, timeout: float) -> Collected:
         """``Producer.collect``, awaited: up to ``timeout`` seconds for one result per call."""
         validation.check_timeout(timeout)
-        following = await self._open(turn_id, timeout)
-        async for _ in self._landing(following, timeout):
+        deadline = time.monotonic() + timeout
+        state = await asyncio.to_thread(first_read, self.producer.engine, turn_id, timeout)
+        loaded = time.monotonic()
+        fan = FanIn(state.proposals)
+        async for _ in self._landing(state, fan, deadline):
             pass
-        fanned_in(following.state, following.fan, following.loaded)
-        awaiting: dict[str, str] = {}
-        fan = following.fan
-        if not fan.complete:
-            awaiting = await self._in_thread(
-                "collect", turns.awaiting_approval, self.producer.engine, following.state.turn_id
-            )
-        return Collected(
-            turn_id=str(following.state.turn_id),
-            complete=fan.complete,
-            results=fan.ordered(),
-            pending=fan.pending,
-            proposals=list(following.state.proposals),
-            awaiting_approval={c: a for c, a in awaiting.items() if c in fan.pending},
-        )
+        fanned_in(state, fan, loaded)
+        return await asyncio.to_thread(collected, self.producer.engine, state, fan)
 
     async def aclose(self) -> None:
         await self.redis.aclose()
         await asyncio.to_thread(self.producer.close)
 
-    async def _open(self, turn_id: str, timeout: float | None) -> _Following:
-        state = await asyncio.to_thread(first_read, self.producer.engine, turn_id, timeout)
+    async def _landing(
+        self, state: turns.TurnState, fan: FanIn, deadline: float | None
+    ) -> AsyncIterator[Result]:
+        """Drive ``Producer.collect``'s loop (``fanin.follow``) with awaited reads,
+        yielding each result as it lands."""
         stream = transport.results_stream(self.producer.settings.queue, state.turn_id)
-        return _Following(state=state, fan=FanIn(state.proposals), stream=stream)
-
-    async def _landing(self, following: _Following, timeout: float | None) -> AsyncIterator[Result]:
-        """``Producer.collect``'s loop, awaited: the same ``Pacing`` decides each step, so
-        Redis away means PostgreSQL is read instead, here as there."""
-        fan = following.fan
-        for raw in following.state.results:
-            if fan.add(raw):
-                yield fan.results[raw["call_id"]]
-        now = time.monotonic()
-        pacing = Pacing(
-            now=now,
-            deadline=None if timeout is None else now + timeout,
-            recheck=POSTGRES_RECHECK_SECONDS,
-        )
-        while (step := pacing.step(fan.complete, time.monotonic())).next is not Next.DONE:
-            landed: list[dict[str, Any]] = []
-            if step.next is Next.READ_POSTGRES:
-                results = await self._in_thread(
-                    "collect", recheck, self.producer.engine, following.state.turn_id
+        loop = follow(fan, stream, state.results, deadline)
+        request = advance(loop)
+        while request is not None:
+            answer: Any = None
+            if isinstance(request, Landed):
+                yield request.result
+            elif isinstance(request, ReadPostgres):
+                answer = await self._in_thread(
+                    "collect", recheck, self.producer.engine, state.turn_id
                 )
-                pacing.postgres_read(time.monotonic())
-                landed = results or []
-            elif step.next is Next.WAIT:
-                await asyncio.sleep(step.seconds)
+            elif isinstance(request, Sleep):
+                await asyncio.sleep(request.seconds)
             else:
                 try:
-                    reply: Any = await self.redis.xread(
-                        {following.stream: following.last_id},
-                        block=max(1, int(step.seconds * 1000)),
-                        count=500,
+                    answer = await self.redis.xread(
+                        {request.stream: request.last_id}, block=request.block_ms, count=500
                     )
                 except REDIS_AWAY as exc:
-                    log.warning("collect: cannot reach Redis (%s); reading PostgreSQL", exc)
-                    pacing.redis_failed(time.monotonic())
-                    following.last_id = "0-0"
+                    request = advance(loop, error=exc)
                     continue
-                for _stream, entries in reply or []:
-                    for entry_id, fields in entries:
-                        following.last_id = entry_id.decode()
-                        landed.append(json.loads(fields[b"result"]))
-            for raw in landed:
-                if fan.add(raw):
-                    yield fan.results[raw["call_id"]]
+            request = advance(loop, answer)
 
     @staticmethod
     async def _in_thread(what: str, fn: Callable[..., T], *args: Any) -> T:

@@ -1,5 +1,7 @@
-"""Fan-in: join results to proposals by call id, and pace the loop that waits for them.
-Pure: no I/O.
+"""Fan-in: join results to proposals by call id, and the loop that waits for them.
+Pure: no I/O. The loop (``follow``) is a generator that asks for each read or wait and is
+told the answer, so ``Producer.collect`` and ``AsyncProducer`` drive the same decisions, one
+with blocking calls, the other awaited.
 
 Never by array position or arrival order. A result for an unknown call, a result with
 another tool's name, or a second, different result for one call is an error; an identical
@@ -8,12 +10,17 @@ second copy (the relayer published twice) is dropped and counted.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+import json
+import logging
+import time
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
 
 from pydantic import ValidationError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from callgate.core.errors import CorrelationError, ErrorCode
 from callgate.core.types import (
@@ -25,6 +32,15 @@ from callgate.core.types import (
 )
 
 Result = Succeeded | FailedRetryable | FailedTerminal
+
+log = logging.getLogger("callgate.producer")
+
+# Redis is down or restarting: PostgreSQL holds every committed result too.
+REDIS_AWAY = (RedisConnectionError, RedisTimeoutError)
+
+# How often the loop re-reads Postgres while it waits on the stream: the safety net for a
+# publish Redis dropped. Results normally arrive through the stream within milliseconds.
+POSTGRES_RECHECK_SECONDS = 1.0
 
 
 @dataclass
@@ -171,3 +187,91 @@ class Pacing:
         stream from the start: fan-in drops the copies)."""
         self.next_recheck = now
         self.redis_back_at = now + self.recheck
+
+
+# --- the fan-in loop: what to read or wait for next, told the answer by its driver -----------
+
+
+@dataclass(frozen=True)
+class ReadPostgres:
+    """Re-read the turn's committed results. Answer: the results, or None while PostgreSQL
+    is away (the loop looks again later)."""
+
+
+@dataclass(frozen=True)
+class ReadStream:
+    """Block up to ``block_ms`` on the turn's result stream after ``last_id``. Answer: the
+    XREAD reply; a ``REDIS_AWAY`` error is thrown into the loop instead."""
+
+    stream: str
+    last_id: str
+    block_ms: int
+
+
+@dataclass(frozen=True)
+class Sleep:
+    """Redis is away and PostgreSQL was just read: wait ``seconds``. Answer: None."""
+
+    seconds: float
+
+
+@dataclass(frozen=True)
+class Landed:
+    """Not I/O: a result the fan-in accepted (first copies only), for a driver that yields
+    results as they land. Answer: None."""
+
+    result: Result
+
+
+Request = ReadPostgres | ReadStream | Sleep | Landed
+Loop = Generator[Request, Any, None]
+
+
+def follow(
+    fan: FanIn,
+    stream: str,
+    committed: Iterable[dict[str, Any]],
+    deadline: float | None,
+    *,
+    recheck: float = POSTGRES_RECHECK_SECONDS,
+    clock: Callable[[], float] = time.monotonic,
+) -> Loop:
+    """The one fan-in loop: ``committed`` (what the first read found) first, then the stream,
+    with PostgreSQL re-read every ``recheck`` seconds and instead of the stream while Redis
+    is away, until ``fan`` is complete or ``clock()`` reaches ``deadline`` (None: no limit)."""
+    for raw in committed:
+        if fan.add(raw):
+            yield Landed(fan.results[raw["call_id"]])
+    pacing = Pacing(now=clock(), deadline=deadline, recheck=recheck)
+    last_id = "0-0"
+    while (step := pacing.step(fan.complete, clock())).next is not Next.DONE:
+        landed: list[dict[str, Any]] = []
+        if step.next is Next.READ_POSTGRES:
+            landed = (yield ReadPostgres()) or []
+            pacing.postgres_read(clock())
+        elif step.next is Next.WAIT:
+            yield Sleep(step.seconds)
+        else:
+            try:
+                reply = yield ReadStream(stream, last_id, max(1, int(step.seconds * 1000)))
+            except REDIS_AWAY as exc:
+                log.warning("collect: cannot reach Redis (%s); reading PostgreSQL", exc)
+                pacing.redis_failed(clock())
+                last_id = "0-0"  # read the stream from the start when it is back
+                continue
+            for _stream, entries in reply or []:
+                for entry_id, fields in entries:
+                    last_id = entry_id.decode()
+                    landed.append(json.loads(fields[b"result"]))
+        for raw in landed:
+            if fan.add(raw):
+                yield Landed(fan.results[raw["call_id"]])
+
+
+def advance(loop: Loop, answer: Any = None, error: BaseException | None = None) -> Request | None:
+    """Resume ``loop`` with the answer to its last request (or the error that request
+    raised); its next request, or None once it is done. A driver starts it with no answer."""
+    try:
+        return loop.send(answer) if error is None else loop.throw(error)
+    except StopIteration:
+        return None

@@ -18,13 +18,13 @@ from callgate.core.types import CallContext, ProposedCall
 from callgate.core.values import printable
 from callgate.store.turns import PlannedCall
 from callgate.tools.intent import canonical_json, idempotency_key
-from callgate.tools.registry import Registry
+from callgate.tools.registry import Catalog
 
 
 def plan(
     proposals: Sequence[ProposedCall],
     context: CallContext,
-    registry: Registry,
+    registry: Catalog,
     operation_ids: Mapping[str, str] | None = None,
 ) -> list[PlannedCall]:
     operation_ids = operation_ids or {}

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import time
 import uuid
@@ -12,8 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
 from sqlalchemy import Engine
 
@@ -23,18 +20,24 @@ from callgate.core.types import TRUST_LABEL, CallContext, ProposedCall, Turn
 from callgate.observe import metrics
 from callgate.producer import validation
 from callgate.producer.budgets import apply_budgets
-from callgate.producer.fanin import FanIn, Next, Pacing, Result
+from callgate.producer.fanin import (
+    REDIS_AWAY,
+    FanIn,
+    Landed,
+    ReadPostgres,
+    ReadStream,
+    Result,
+    Sleep,
+    advance,
+    follow,
+)
 from callgate.producer.planning import arguments_hash, plan
 from callgate.queue import transport
-from callgate.store import db, turns
+from callgate.store import db, tool_catalog, turns
 from callgate.tools import registry as tool_registry
 from callgate.tools.intent import canonical_json
 
 log = logging.getLogger("callgate.producer")
-
-# How often collect() re-reads Postgres while it waits on the stream: the safety net for a
-# publish Redis dropped. Results normally arrive through the stream within milliseconds.
-POSTGRES_RECHECK_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -75,10 +78,6 @@ class Collected:
         return adapters.write_results(surface, calls, self.results)
 
 
-# Redis is down or restarting: PostgreSQL holds every committed result too.
-REDIS_AWAY = (RedisConnectionError, RedisTimeoutError)
-
-
 def recheck(engine: Engine, turn_id: uuid.UUID) -> list[dict[str, Any]] | None:
     """The turn's committed results, or None while PostgreSQL is away (results still
     arrive on Redis; the fan-in looks again later). The fan-in loops' safety net."""
@@ -98,6 +97,23 @@ def first_read(engine: Engine, turn_id: str, timeout: float | None) -> turns.Tur
     seconds = db.RECONNECT_SECONDS if timeout is None else max(timeout, db.RECONNECT_SECONDS)
     with db.translate_errors("collect"):
         return db.retry_until(lambda: turns.load_state(engine, turn_id), seconds=seconds)
+
+
+def collected(engine: Engine, state: turns.TurnState, fan: FanIn) -> Collected:
+    """What a finished fan-in returns; a call still pending says if it awaits a person's
+    approval (read again after a lost connection: the read changes nothing)."""
+    awaiting: dict[str, str] = {}
+    if not fan.complete:
+        with db.translate_errors("collect"):
+            awaiting = db.retry_until(lambda: turns.awaiting_approval(engine, state.turn_id))
+    return Collected(
+        turn_id=str(state.turn_id),
+        complete=fan.complete,
+        results=fan.ordered(),
+        pending=fan.pending,
+        proposals=list(state.proposals),
+        awaiting_approval={c: a for c, a in awaiting.items() if c in fan.pending},
+    )
 
 
 def fanned_in(state: turns.TurnState, fan: FanIn, loaded: float) -> None:
@@ -139,7 +155,7 @@ class Producer:
         settings: Settings,
         engine: Engine,
         redis_connection: redis.Redis,
-        registry: tool_registry.Registry,
+        registry: tool_registry.Catalog,
     ) -> None:
         self.settings = settings
         self.engine = engine
@@ -149,14 +165,22 @@ class Producer:
 
     @classmethod
     def from_env(cls, settings: Settings | None = None) -> Producer:
-        """Build from ``CALLGATE_DATABASE_URL``, ``CALLGATE_REDIS_URL``, ``CALLGATE_TOOLS``
-        (required) and friends, or from ``settings`` read from them."""
+        """Build from ``CALLGATE_DATABASE_URL``, ``CALLGATE_REDIS_URL`` and friends, or from
+        ``settings`` read from them. The tools come from the catalogue workers publish, or
+        from ``CALLGATE_TOOLS`` when set (``tool_catalog.for_producer``): no handler runs
+        here and no MCP server is started."""
         settings = settings or Settings.from_env()
-        registry = tool_registry.from_settings(settings)  # a missing registry fails first
+        engine = db.create(settings.require_database(), application_name="callgate-producer")
+        try:
+            registry = tool_catalog.for_producer(engine, settings)
+            redis_connection = transport.connect(settings.require_redis())
+        except BaseException:
+            engine.dispose()
+            raise
         return cls(
             settings=settings,
-            engine=db.create(settings.require_database(), application_name="callgate-producer"),
-            redis_connection=transport.connect(settings.require_redis()),
+            engine=engine,
+            redis_connection=redis_connection,
             registry=registry,
         )
 
@@ -284,52 +308,32 @@ class Producer:
         """
         validation.check_timeout(timeout)
         deadline = time.monotonic() + timeout
-        # Every read here changes nothing: after a lost connection (a PostgreSQL restart, a
-        # terminated backend) it is simply sent again on a new one, within the timeout (and
-        # at least ``db.RECONNECT_SECONDS`` for the first, without which nothing is known).
         state = first_read(self.engine, turn_id, timeout)
         loaded = time.monotonic()
         fan = FanIn(state.proposals)
-        fan.add_all(state.results)
         stream = transport.results_stream(self.settings.queue, state.turn_id)
-        last_id = "0-0"
-        pacing = Pacing(now=time.monotonic(), deadline=deadline, recheck=POSTGRES_RECHECK_SECONDS)
-        while (step := pacing.step(fan.complete, time.monotonic())).next is not Next.DONE:
-            if step.next is Next.READ_POSTGRES:
-                results = recheck(self.engine, state.turn_id)
-                pacing.postgres_read(time.monotonic())
-                fan.add_all(results or [])
-            elif step.next is Next.WAIT:
-                time.sleep(step.seconds)
-            else:
+        loop = follow(fan, stream, state.results, deadline)
+        request = advance(loop)
+        while request is not None:
+            answer: Any = None
+            if isinstance(request, ReadPostgres):
+                with db.translate_errors("collect"):
+                    answer = recheck(self.engine, state.turn_id)
+            elif isinstance(request, Sleep):
+                time.sleep(request.seconds)
+            elif isinstance(request, ReadStream):
                 try:
-                    reply: Any = self.redis.xread(
-                        {stream: last_id}, block=max(1, int(step.seconds * 1000)), count=500
+                    answer = self.redis.xread(
+                        {request.stream: request.last_id}, block=request.block_ms, count=500
                     )
                 except REDIS_AWAY as exc:
-                    log.warning("collect: cannot reach Redis (%s); reading PostgreSQL", exc)
-                    pacing.redis_failed(time.monotonic())
-                    last_id = "0-0"
+                    request = advance(loop, error=exc)
                     continue
-                for _stream, entries in reply or []:
-                    for entry_id, fields in entries:
-                        last_id = entry_id.decode()
-                        fan.add(json.loads(fields[b"result"]))
+            else:
+                assert isinstance(request, Landed)  # collect returns them all at the end
+            request = advance(loop, answer)
         fanned_in(state, fan, loaded)
-        awaiting: dict[str, str] = {}
-        if not fan.complete:
-            with db.translate_errors("collect"):
-                awaiting = db.retry_until(
-                    lambda: turns.awaiting_approval(self.engine, state.turn_id)
-                )
-        return Collected(
-            turn_id=str(state.turn_id),
-            complete=fan.complete,
-            results=fan.ordered(),
-            pending=fan.pending,
-            proposals=list(state.proposals),
-            awaiting_approval={c: a for c, a in awaiting.items() if c in fan.pending},
-        )
+        return collected(self.engine, state, fan)
 
     def close(self) -> None:
         self.engine.dispose()

@@ -115,11 +115,11 @@ def check_call(
     reason = values.unstorable(proposal.tool_name)
     if reason is not None:
         raise InputError(f"{where}: tool_name holds {reason}")
-    check_arguments(proposal.arguments, where, limits)
+    check_argument_limits(proposal.arguments, where, limits)
     return proposal
 
 
-def check_arguments(arguments: Mapping[str, Any] | str, where: str, limits: Limits) -> None:
+def check_argument_limits(arguments: Mapping[str, Any] | str, where: str, limits: Limits) -> None:
     """Arguments PostgreSQL can store and the gate will read as they were meant."""
     if isinstance(arguments, str):
         # Measured before parsing, so a huge string costs no parse.

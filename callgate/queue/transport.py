@@ -10,7 +10,7 @@ import json
 import logging
 import uuid
 import zlib
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import redis
@@ -293,3 +293,31 @@ def call_ref(data: bytes | None) -> uuid.UUID | None:
     except (zlib.error, ValueError, TypeError, IndexError) as exc:
         log.warning("dropped a job that carries no call ref: %s", exc)
         return None
+
+
+# --- dispatch after commit ----------------------------------------------------------------
+
+
+def dispatch_after_commit(
+    queue: Queue, refs: Sequence[uuid.UUID], *, timeout: float, who: str
+) -> ServiceUnavailable | None:
+    """Enqueue calls that a committed statement made runnable and marked dispatched (a
+    finish's successors, an approver's decision). The one way callgate does it.
+
+    A Redis failure here is not the caller's: Postgres holds the calls as dispatched, and the
+    sweeper enqueues them again once they have waited ``stale_seconds`` (a successor: its
+    predecessor's grace). So it is logged and returned, never raised: raising would tell
+    the caller its committed change was lost, and a retry would find it already done."""
+    if not refs:
+        return None
+    try:
+        enqueue_calls(queue, refs, timeout=timeout)
+    except ServiceUnavailable as exc:
+        log.warning(
+            "%s: %d call(s) committed but not enqueued; the sweeper dispatches them: %s",
+            who,
+            len(refs),
+            exc.message,
+        )
+        return exc
+    return None

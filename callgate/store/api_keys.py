@@ -75,7 +75,7 @@ UPDATE callgate.api_idempotency SET response = CAST(:response AS jsonb)
 
 
 @dataclass(frozen=True)
-class Principal:
+class KeyHolder:
     """Who an API request acts for: read from its key, never from its body."""
 
     key_id: str
@@ -178,7 +178,7 @@ def revoke(engine: Engine, key_or_id: str) -> str:
     return key_id
 
 
-def authenticate(engine: Engine, key: str) -> Principal:
+def authenticate(engine: Engine, key: str) -> KeyHolder:
     """The principal of a presented key; ``unauthenticated`` for an unknown, revoked or
     wrong one (the same words for each: no oracle)."""
     key_id, secret = parse(key)
@@ -186,7 +186,7 @@ def authenticate(engine: Engine, key: str) -> Principal:
         row = conn.execute(text(AUTHENTICATE_SQL), {"key_id": key_id}).first()
     if row is None or not hmac.compare_digest(row.secret_hash, _hash(secret)):
         raise AccessError("the API key is unknown or revoked")
-    return Principal(
+    return KeyHolder(
         key_id=row.key_id,
         tenant_id=row.tenant_id,
         user_id=row.user_id,
@@ -231,7 +231,7 @@ def open_session(engine: Engine, key_id: str, nonce: str, lifetime: float) -> No
         )
 
 
-def session_principal(engine: Engine, key_id: str, nonce: str) -> Principal:
+def session_principal(engine: Engine, key_id: str, nonce: str) -> KeyHolder:
     """The principal of a live console session; ``unauthenticated`` once it was signed out,
     replaced by a newer sign-in, expired, or its key revoked."""
     with db.translate_errors("console session"), db.autocommit(engine) as conn:
@@ -240,7 +240,7 @@ def session_principal(engine: Engine, key_id: str, nonce: str) -> Principal:
         ).first()
     if row is None:
         raise AccessError("the session has ended (signed out, or signed in again); sign in")
-    return Principal(
+    return KeyHolder(
         key_id=row.key_id,
         tenant_id=row.tenant_id,
         user_id=row.user_id,

@@ -36,10 +36,10 @@ from sqlalchemy import Engine, text
 from callgate.core.errors import ApprovalError, ErrorCode, ServiceUnavailable
 from callgate.observe import metrics
 from callgate.store import db
-from callgate.store.reservations import FINISH_TAIL, Finished, result_body
+from callgate.store.reservations import CALL_RESULT, FINISH_TAIL, Finished, result_body
 
 SETTLE_SQL = (
-    """
+    f"""
 WITH matching AS (
     SELECT approval_id, version, state
       FROM callgate.approvals
@@ -85,7 +85,7 @@ WITH matching AS (
 ), finished AS (
     UPDATE callgate.calls AS c
        SET state = 'failed_terminal',
-           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+           result = {CALL_RESULT}
                     || CAST(:conflict_body AS jsonb),
            completed_at = now()
       FROM superseded
@@ -128,7 +128,7 @@ SELECT (SELECT count(*) FROM decided) AS decided,
 """
 
 DENY_SQL = (
-    """
+    f"""
 WITH decided AS (
     UPDATE callgate.approvals
        SET state = 'denied', decided_by = :by, decided_at = now()
@@ -138,7 +138,7 @@ WITH decided AS (
 ), finished AS (
     UPDATE callgate.calls AS c
        SET state = 'failed_terminal',
-           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+           result = {CALL_RESULT}
                     || CAST(:body AS jsonb),
            completed_at = now()
       FROM decided

@@ -3,7 +3,9 @@
 ``record`` stores what a server published for each tool and returns the tool's version:
 the version an identical definition already has, or the next one. One guarded statement per
 tool, so processes that discover the same server at once agree on the numbers (the loser of
-a race on a version number asks again). ``latest`` reads the newest version of each tool.
+a race on a version number asks again: ``tool_catalog.record_versioned``, shared with the
+tool catalogue, which records the callgate tools built from these definitions). ``latest``
+reads the newest version of each tool.
 """
 
 from __future__ import annotations
@@ -14,13 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Engine, text
-from sqlalchemy.exc import ProgrammingError
 
-from callgate.core.errors import ConfigurationError
 from callgate.store import db
-
-RECORD_ATTEMPTS = 5
-UNDEFINED_TABLE = "42P01"
+from callgate.store.tool_catalog import record_versioned
 
 RECORD_SQL = """
 WITH existing AS (
@@ -98,20 +96,8 @@ def _record_one(engine: Engine, server: str, info: ServerInfo, d: Definition) ->
         "server_version": info.version,
         "protocol_version": info.protocol_version,
     }
-    for _ in range(RECORD_ATTEMPTS):
-        with db.autocommit(engine) as conn:
-            try:
-                version = conn.execute(text(RECORD_SQL), params).scalar()
-            except ProgrammingError as exc:
-                if getattr(exc.orig, "sqlstate", None) == UNDEFINED_TABLE:
-                    raise ConfigurationError(
-                        "the database has no MCP tool catalog yet: run 'callgate migrate'"
-                    ) from None
-                raise
-        if version is not None:
-            return int(version)
-        # Another process took the next version number for another definition: ask again.
-    raise ConfigurationError(f"could not record a version of MCP tool {server}/{d.tool}")
+    row = record_versioned(engine, RECORD_SQL, params, what=f"MCP tool {server}/{d.tool}")
+    return int(row.version)
 
 
 def latest(engine: Engine, server: str | None = None) -> list[dict[str, Any]]:

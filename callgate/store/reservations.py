@@ -156,10 +156,25 @@ SELECT operation_id, owner_token, generation, false AS renewed FROM guarded
 RENEW_LOCK_WAIT_MS = 200
 BOUNDED_LOCK_WAIT_SQL = "SELECT set_config('lock_timeout', :lock_timeout, true)"
 
-# The tail shared by every statement that ends calls: `finished` holds the calls just made
-# terminal (id, turn_id, result, status). Their outbox rows, trace events, the relayer's
-# wake-up and the dispatch of the calls this unblocks (`next`) happen in the same statement.
-_TAIL = """
+
+def call_result(call_id: str, tool_name: str) -> str:
+    """The head of a call's terminal result document: its ids, to which ``||`` joins the
+    body (status, then data or error). Every statement that ends a call builds the result
+    this way, so a result always names its call and tool, whichever path ended it."""
+    return f"jsonb_build_object('call_id', {call_id}, 'tool_name', {tool_name})"
+
+
+# ``call_result`` of the row being ended, in statements that update ``callgate.calls AS c``.
+CALL_RESULT = call_result("c.call_id", "c.tool_name")
+
+
+def _finishing_tail(next_calls: str) -> str:
+    """The tail shared by every statement that ends calls: `finished` holds the calls just
+    made terminal (id, turn_id, result, status). Their outbox rows, trace events, the
+    relayer's wake-up and the dispatch of the calls this unblocks (``next_calls``, a query
+    of their ids) happen in the same statement."""
+    return (
+        """
 , outboxed AS (
     INSERT INTO callgate.outbox (turn_id, call_ref, payload)
     SELECT turn_id, id, result FROM finished
@@ -175,7 +190,10 @@ _TAIL = """
 ), successors AS (
     UPDATE callgate.calls AS s
        SET dispatched_at = now(), dispatches = s.dispatches + 1
-      FROM (NEXT) AS next
+      FROM ("""
+        + next_calls
+        + """
+           ) AS next
      WHERE s.id = next.id AND s.state = 'proposed'
     RETURNING s.id
 )
@@ -183,6 +201,8 @@ SELECT (SELECT count(*) FROM finished) AS finished,
        (SELECT count(*) FROM woken) AS woken,
        (SELECT coalesce(array_agg(id), '{}') FROM successors) AS successors
 """
+    )
+
 
 # The next write of each finished call's turn.
 _NEXT_WRITE = """
@@ -199,8 +219,8 @@ SELECT n.id
  WHERE n.id NOT IN (SELECT id FROM finished)
    AND (prev.id IS NULL OR prev.state IN ('succeeded', 'failed_retryable', 'failed_terminal'))"""
 
-FINISH_TAIL = _TAIL.replace("(NEXT)", f"({_NEXT_WRITE}\n)")
-OPERATION_TAIL = _TAIL.replace("(NEXT)", f"({_NEXT_WRITE}{_WAITING_ON_OPERATION}\n)")
+FINISH_TAIL = _finishing_tail(_NEXT_WRITE)
+OPERATION_TAIL = _finishing_tail(_NEXT_WRITE + _WAITING_ON_OPERATION)
 
 # Calls first, in id order, then the operation: the order every statement here locks in.
 LOCK_CALLS = """
@@ -214,10 +234,10 @@ WITH locked AS (
 
 # Every call a reservation of the operation started (the one that completes it, and any
 # whose owner died in a crash gap): they all ran under the operation's intent.
-FINISH_STARTED = """), finished AS (
+FINISH_STARTED = f"""), finished AS (
     UPDATE callgate.calls AS c
        SET state = :status,
-           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+           result = {CALL_RESULT}
                     || CAST(:body AS jsonb),
            completed_at = now()
       FROM op
@@ -250,7 +270,7 @@ COMPLETE_SQL = (
 
 REFUSE_SQL = (
     LOCK_CALLS
-    + """, op AS (
+    + f""", op AS (
     UPDATE callgate.operations
        SET state = :op_state,
            intent_hash = CASE WHEN CAST(:op_state AS text) = 'pending' THEN intent_hash
@@ -270,7 +290,7 @@ REFUSE_SQL = (
     -- dispatched again and reuse it when their intent matches.
     UPDATE callgate.calls AS c
        SET state = :status,
-           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+           result = {CALL_RESULT}
                     || CAST(:body AS jsonb),
            completed_at = now()
       FROM op
@@ -282,11 +302,11 @@ REFUSE_SQL = (
 )
 
 REJECT_SQL = (
-    """
+    f"""
 WITH finished AS (
     UPDATE callgate.calls AS c
        SET state = :status,
-           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+           result = {CALL_RESULT}
                     || CAST(:body AS jsonb),
            completed_at = now()
      -- Only a call no delivery has started: a started call belongs to the reservation
@@ -298,11 +318,11 @@ WITH finished AS (
 )
 
 REUSE_SQL = (
-    """
+    f"""
 WITH finished AS (
     UPDATE callgate.calls AS c
        SET state = op.result ->> 'status',
-           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+           result = {CALL_RESULT}
                     || op.result,
            completed_at = now()
       FROM callgate.operations AS op
@@ -337,7 +357,7 @@ CONCLUDE_SQL = (
 )
 
 ABANDON_SQL = (
-    """
+    f"""
 WITH target AS (
     SELECT id, operation_id FROM callgate.calls
      WHERE id = :call_ref AND state IN ('proposed', 'started')
@@ -352,7 +372,7 @@ WITH target AS (
 ), finished AS (
     UPDATE callgate.calls AS c
        SET state = 'failed_terminal',
-           result = jsonb_build_object('call_id', c.call_id, 'tool_name', c.tool_name)
+           result = {CALL_RESULT}
                     || CAST(:body AS jsonb),
            completed_at = now()
       FROM target, idle

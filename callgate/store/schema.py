@@ -229,6 +229,28 @@ mcp_tools = Table(
     CheckConstraint("version > 0", name="mcp_tools_version_positive"),
 )
 
+# The tool catalogue workers publish (callgate.store.tool_catalog): one row per definition,
+# named by (tool, version, schema_version); ``revision`` counts a tool's definitions in the
+# order they were first published. A producer reads specs from here, never handler code.
+tool_catalog = Table(
+    "tool_catalog",
+    metadata,
+    Column("tool", Text, primary_key=True),
+    Column("revision", Integer, primary_key=True),
+    Column("version", Text, nullable=False),
+    Column("schema_version", Text, nullable=False),
+    Column("digest", Text, nullable=False),
+    Column("kind", Text, nullable=False),
+    Column("source", Text, nullable=False),
+    Column("spec", JSONB, nullable=False),
+    Column("roles", ARRAY(Text), nullable=False, server_default=text("'{}'::text[]")),
+    Column("published_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("last_published_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    UniqueConstraint("tool", "version", "schema_version", name="tool_catalog_definition"),
+    CheckConstraint("revision > 0", name="tool_catalog_revision_positive"),
+    CheckConstraint("kind IN ('read', 'write')", name="tool_catalog_kind"),
+)
+
 # Keys of the HTTP API, one principal each. Only the SHA-256 of the secret is kept: the key
 # is shown once, when made. ``rate``/``burst`` override the API's default token bucket.
 api_keys = Table(

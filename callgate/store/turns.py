@@ -14,7 +14,8 @@ from callgate.core.errors import ErrorCode, InputError, UnknownTurn
 from callgate.core.types import CallContext, ProposedCall, Turn, TurnCall
 from callgate.core.values import printable
 from callgate.store import db
-from callgate.store.schema import calls, operations, turns
+from callgate.store.reservations import call_result
+from callgate.store.schema import calls, turns
 
 RAW_ARGUMENTS = "$raw"  # key under which unparsed argument strings are stored
 
@@ -149,6 +150,22 @@ SELECT id, call_id, tool_name, operation_id,
   FROM callgate.calls WHERE turn_id = :turn_id ORDER BY position
 """
 
+# The turn's calls. A call the gate refused at submit is recorded already ended, with its
+# result; the others wait for a worker (``:dispatch``: enqueued now, not held for a write).
+INSERT_CALLS_SQL = f"""
+INSERT INTO callgate.calls (id, turn_id, call_id, position, tool_name, arguments, kind,
+                            operation_id, after_call, args_hash, state, result,
+                            completed_at, dispatches, dispatched_at)
+VALUES (:id, :turn, :call_id, :position, :tool, CAST(:arguments AS jsonb), :kind, :op,
+        :after, :args_hash,
+        CASE WHEN :refused THEN 'failed_terminal' ELSE 'proposed' END,
+        CASE WHEN :refused
+             THEN {call_result("CAST(:call_id AS text)", "CAST(:tool AS text)")}
+                  || CAST(:result AS jsonb) END,
+        CASE WHEN :refused THEN now() END,
+        :dispatches, CASE WHEN :dispatch THEN now() END)
+"""
+
 
 def record(
     engine: Engine,
@@ -269,18 +286,7 @@ def _record_in(
     )
     _check_operations_belong(conn, context, planned)
     conn.execute(
-        text(
-            "INSERT INTO callgate.calls (id, turn_id, call_id, position, tool_name,"
-            " arguments, kind, operation_id, after_call, args_hash, state, result,"
-            " completed_at, dispatches, dispatched_at)"
-            " VALUES (:id, :turn, :call_id, :position, :tool, CAST(:arguments AS jsonb),"
-            " :kind, :op, :after, :args_hash,"
-            " CASE WHEN :refused THEN 'failed_terminal' ELSE 'proposed' END,"
-            " CASE WHEN :refused THEN jsonb_build_object('call_id', CAST(:call_id AS text),"
-            "   'tool_name', CAST(:tool AS text)) || CAST(:result AS jsonb) END,"
-            " CASE WHEN :refused THEN now() END,"
-            " :dispatches, CASE WHEN :dispatch THEN now() END)"
-        ),
+        text(INSERT_CALLS_SQL),
         [
             {
                 "id": p.ref,
@@ -424,14 +430,6 @@ def awaiting_approval(engine: Engine, turn_id: uuid.UUID) -> dict[str, str]:
             )
         ).all()
     return {r.call_id: str(r.approval_id) for r in rows}
-
-
-def operation_rows(engine: Engine, operation_ids: Sequence[str]) -> list[dict[str, Any]]:
-    with engine.connect() as conn:
-        rows = conn.execute(
-            select(operations).where(operations.c.operation_id.in_(list(operation_ids)))
-        ).mappings()
-        return [dict(r) for r in rows]
 
 
 def _tool_and_hash(joined: str) -> tuple[str, str]:

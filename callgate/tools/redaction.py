@@ -223,16 +223,16 @@ _UNCHANGEABLE = re.compile(
 )
 
 
-def redact_text(text: str, notes: list[str] | None = None, *, strip_stacks: bool = True) -> str:
+def redact_secrets(text: str, notes: list[str] | None = None, *, strip_stacks: bool = True) -> str:
     """``text`` with every secret replaced by ``[redacted]`` and, with ``strip_stacks``, any
     stack trace cut. ``notes`` hears ``secret_redacted`` / ``stack_trace_redacted``."""
     if _UNCHANGEABLE.fullmatch(text):
         return text
-    return _redact_text(text, notes, strip_stacks=strip_stacks)
+    return _redact_secrets(text, notes, strip_stacks=strip_stacks)
 
 
-def _redact_text(text: str, notes: list[str] | None = None, *, strip_stacks: bool = True) -> str:
-    """The full rules (``redact_text`` without its fast path)."""
+def _redact_secrets(text: str, notes: list[str] | None = None, *, strip_stacks: bool = True) -> str:
+    """The full rules (``redact_secrets`` without its fast path)."""
     notes = notes if notes is not None else []
     cleaned, found = _secrets(text, depth=0)
     if found:
@@ -242,10 +242,6 @@ def _redact_text(text: str, notes: list[str] | None = None, *, strip_stacks: boo
         if cut:
             notes.append("stack_trace_redacted")
     return cleaned
-
-
-def contains_secret(text: str) -> bool:
-    return _secrets(text, depth=0)[1]
 
 
 def _secrets(text: str, depth: int) -> tuple[str, bool]:
@@ -420,7 +416,7 @@ def redact_key(key: str, taken: Mapping[str, Any], notes: list[str]) -> str:
     if key in _CLEAN_KEYS:
         return key
     heard: list[str] = []
-    cleaned = redact_text(key, heard, strip_stacks=True)
+    cleaned = redact_secrets(key, heard, strip_stacks=True)
     notes.extend(heard)
     if cleaned == key:
         if not heard and len(key) <= _CLEAN_KEY_LENGTH and len(_CLEAN_KEYS) < _CLEAN_KEYS_MAX:
@@ -456,7 +452,7 @@ def redact_value(value: Any, notes: list[str] | None = None, *, names: bool = Tr
             return [redact_value(value[0], notes, names=names), REDACTED]
         return [redact_value(v, notes, names=names) for v in value]
     if isinstance(value, str):
-        return redact_text(value, notes)
+        return redact_secrets(value, notes)
     return value
 
 
@@ -479,14 +475,14 @@ def redact_record(record: logging.LogRecord) -> logging.LogRecord:
         message = record.getMessage()
     except Exception:  # a bad format string: show the template, never the arguments
         message = str(record.msg)
-    record.msg, record.args = redact_text(message, strip_stacks=False), None
+    record.msg, record.args = redact_secrets(message, strip_stacks=False), None
     if record.exc_info:
         text = logging.Formatter().formatException(record.exc_info)
-        record.exc_text, record.exc_info = redact_text(text, strip_stacks=False), None
+        record.exc_text, record.exc_info = redact_secrets(text, strip_stacks=False), None
     elif record.exc_text:
-        record.exc_text = redact_text(record.exc_text, strip_stacks=False)
+        record.exc_text = redact_secrets(record.exc_text, strip_stacks=False)
     if record.stack_info:
-        record.stack_info = redact_text(record.stack_info, strip_stacks=False)
+        record.stack_info = redact_secrets(record.stack_info, strip_stacks=False)
     record._callgate_redacted = True
     return record
 

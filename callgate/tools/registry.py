@@ -1,18 +1,25 @@
 """Tools and who may call them.
 
 A tool is data plus a handler; the gate and the executor read it, they never special-case a
-tool by name. Applications point workers and producers at their own registry with
+tool by name. Applications point workers at their own registry with
 ``CALLGATE_TOOLS=module:attribute`` (a ``Registry`` or a zero-argument callable returning one).
+
+A producer needs only each tool's ``ToolSpec`` (name, kind, versions, argument schema,
+description, effect) and the allowlist: a ``Catalog``. Workers publish theirs to Postgres at
+start (``callgate.store.tool_catalog``), so a producer runs with no handler code importable.
+A ``Registry`` is a ``Catalog`` whose tools carry their handlers. MCP servers are started by
+workers only (``callgate.worker.runtime``): nothing here imports the worker.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import json
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol, TypeVar
 
 from pydantic import BaseModel
 
@@ -180,11 +187,174 @@ class Tool:
             "parameters": self.parameters(),
         }
 
+    def spec(self) -> ToolSpec:
+        """What a producer needs of this tool, without its handler or policy hooks."""
+        return _spec_of(self)
+
 
 @dataclass(frozen=True)
-class Registry:
-    tools: Mapping[str, Tool]
+class ToolSpec:
+    """A tool as a producer knows it: no handler, no policy hooks, plain JSON.
+
+    Plans read ``kind`` (reads run at once, writes in order), the adapters and the model read
+    ``name``, ``description`` and the ``arguments`` JSON Schema, the MCP gateway reads
+    ``effect`` for its hints. ``(name, version, schema_version)`` names one definition: the
+    catalogue refuses two different definitions under one name (bump ``version``).
+    """
+
+    name: str
+    description: str
+    arguments: Mapping[str, Any]  # a JSON Schema object
+    kind: Kind
+    version: str = "1"
+    schema_version: str = "1"
+    effect: SideEffect = SideEffect()
+    policy_version: str = "1"
+
+    def parameters(self) -> dict[str, Any]:
+        return dict(self.arguments)
+
+    def definition(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "parameters": self.parameters(),
+        }
+
+    def as_json(self) -> dict[str, Any]:
+        doc = asdict(self)
+        doc["arguments"] = self.parameters()
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> ToolSpec:
+        return cls(
+            name=doc["name"],
+            description=doc["description"],
+            arguments=dict(doc["arguments"]),
+            kind=doc["kind"],
+            version=doc["version"],
+            schema_version=doc["schema_version"],
+            effect=SideEffect(**doc["effect"]),
+            policy_version=doc["policy_version"],
+        )
+
+    def digest(self) -> str:
+        """Names this definition: equal specs, equal digests, whatever their key order."""
+        text = json.dumps(self.as_json(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()
+
+
+class Described(Protocol):
+    """What both a ``Tool`` and a ``ToolSpec`` answer: all a producer reads of a tool."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def description(self) -> str: ...
+    @property
+    def kind(self) -> Kind: ...
+    @property
+    def version(self) -> str: ...
+    @property
+    def schema_version(self) -> str: ...
+    @property
+    def effect(self) -> SideEffect: ...
+    @property
+    def policy_version(self) -> str: ...
+    def parameters(self) -> dict[str, Any]: ...
+    def definition(self) -> dict[str, Any]: ...
+
+
+@dataclass(frozen=True)
+class Catalog:
+    """Tools by name and who may call them: what a producer plans, shows and checks with.
+
+    Built from specs (``Catalog.of_specs``, the Postgres catalogue) or a ``Registry``."""
+
+    tools: Mapping[str, Described]
     allowlist: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    @classmethod
+    def of_specs(cls, specs: Iterable[ToolSpec], allowlist: Mapping[str, Iterable[str]]) -> Catalog:
+        by_name: dict[str, Described] = {}
+        for spec in specs:
+            if spec.name in by_name:
+                raise ConfigurationError(f"two tools are named {spec.name!r}")
+            by_name[spec.name] = spec
+        return cls(by_name, {}).with_allowlist(allowlist)
+
+    def with_allowlist(self, allowlist: Mapping[str, Iterable[str]]) -> Catalog:
+        """The same tools with another role → tools allowlist (configuration)."""
+        return replace(self, allowlist=_checked_allowlist(allowlist, self.tools.keys()))
+
+    def kind_of(self, tool_name: str) -> Kind:
+        """Unknown tools count as reads: the gate rejects them before anything runs."""
+        tool = self.tools.get(tool_name)
+        return tool.kind if tool else "read"
+
+    def specs(self) -> list[ToolSpec]:
+        """Every tool's spec, by name."""
+        return [
+            t if isinstance(t, ToolSpec) else _spec_of(t) for _, t in sorted(self.tools.items())
+        ]
+
+    def allowed_for(self, roles: Iterable[str]) -> frozenset[str]:
+        allowed: set[str] = set()
+        for role in roles:
+            allowed |= self.allowlist.get(role, frozenset())
+        return frozenset(allowed)
+
+    def roles_of(self, tool_name: str) -> list[str]:
+        """The roles whose allowlist names this tool."""
+        return sorted(r for r, names in self.allowlist.items() if tool_name in names)
+
+    def scope_of(self, tool_name: str, roles: Iterable[str]) -> str:
+        """The roles that allow this tool, as part of an intent: a change in them is a
+        change in what the call is authorised as."""
+        return ",".join(sorted(r for r in roles if tool_name in self.allowlist.get(r, ())))
+
+    def definitions_for(self, roles: Iterable[str]) -> list[dict[str, Any]]:
+        """The tools a model acting for these roles may be shown: the allowlist, never more."""
+        allowed = self.allowed_for(roles)
+        return [t.definition() for name, t in sorted(self.tools.items()) if name in allowed]
+
+
+def _spec_of(tool: Described) -> ToolSpec:
+    return ToolSpec(
+        name=tool.name,
+        description=tool.description,
+        arguments=tool.parameters(),
+        kind=tool.kind,
+        version=tool.version,
+        schema_version=tool.schema_version,
+        effect=tool.effect,
+        policy_version=tool.policy_version,
+    )
+
+
+def _checked_allowlist(
+    allowlist: Mapping[str, Iterable[str]], known: Iterable[str]
+) -> dict[str, frozenset[str]]:
+    names_known = set(known)
+    roles: dict[str, frozenset[str]] = {}
+    for role, names in allowlist.items():
+        if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+            raise ConfigurationError(f"allowlist for role {role!r} must be a list of names")
+        unknown = set(names) - names_known
+        if unknown:
+            raise ConfigurationError(
+                f"allowlist for role {role!r} names unknown tools: {sorted(unknown)}"
+            )
+        roles[role] = frozenset(names)
+    return roles
+
+
+@dataclass(frozen=True)
+class Registry(Catalog):
+    """A catalog whose tools carry their handlers: what a worker runs."""
+
+    tools: Mapping[str, Tool]
 
     @classmethod
     def of(cls, tools: Iterable[Tool], allowlist: Mapping[str, Iterable[str]]) -> Registry:
@@ -197,44 +367,13 @@ class Registry:
 
     def with_allowlist(self, allowlist: Mapping[str, Iterable[str]]) -> Registry:
         """The same tools with another role → tools allowlist (configuration)."""
-        roles: dict[str, frozenset[str]] = {}
-        for role, names in allowlist.items():
-            if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-                raise ConfigurationError(f"allowlist for role {role!r} must be a list of names")
-            unknown = set(names) - self.tools.keys()
-            if unknown:
-                raise ConfigurationError(
-                    f"allowlist for role {role!r} names unknown tools: {sorted(unknown)}"
-                )
-            roles[role] = frozenset(names)
-        return replace(self, allowlist=roles)
-
-    def kind_of(self, tool_name: str) -> Kind:
-        """Unknown tools count as reads: the gate rejects them before anything runs."""
-        tool = self.tools.get(tool_name)
-        return tool.kind if tool else "read"
+        return replace(self, allowlist=_checked_allowlist(allowlist, self.tools.keys()))
 
     def require(self, tool_name: str) -> Tool:
         tool = self.tools.get(tool_name)
         if tool is None:
             raise ToolError(f"no tool named {tool_name!r}", code=ErrorCode.UNKNOWN_TOOL)
         return tool
-
-    def allowed_for(self, roles: Iterable[str]) -> frozenset[str]:
-        allowed: set[str] = set()
-        for role in roles:
-            allowed |= self.allowlist.get(role, frozenset())
-        return frozenset(allowed)
-
-    def scope_of(self, tool_name: str, roles: Iterable[str]) -> str:
-        """The roles that allow this tool, as part of an intent: a change in them is a
-        change in what the call is authorised as."""
-        return ",".join(sorted(r for r in roles if tool_name in self.allowlist.get(r, ())))
-
-    def definitions_for(self, roles: Iterable[str]) -> list[dict[str, Any]]:
-        """The tools a model acting for these roles may be shown: the allowlist, never more."""
-        allowed = self.allowed_for(roles)
-        return [t.definition() for name, t in sorted(self.tools.items()) if name in allowed]
 
 
 def load_allowlist(value: str) -> dict[str, list[str]]:
@@ -257,6 +396,8 @@ def load_allowlist(value: str) -> dict[str, list[str]]:
     return doc
 
 
+_C = TypeVar("_C", bound=Catalog)
+
 MISSING_REGISTRY = (
     "CALLGATE_TOOLS is not set: name your tool registry as 'module:attribute' (a "
     "callgate.tools.registry.Registry or a zero-argument callable returning one), e.g. "
@@ -272,9 +413,19 @@ def load(spec: str | None, allowlist: str | None = None) -> Registry:
     return registry.with_allowlist(load_allowlist(allowlist)) if allowlist else registry
 
 
+def load_catalog(spec: str) -> Catalog:
+    """A producer's ``CALLGATE_TOOLS``: a ``Registry``, or a ``Catalog`` of ``ToolSpec``s (a
+    module that holds no handler code), or a zero-argument callable returning one."""
+    return _load_target(spec, Catalog, "a callgate.tools.registry.Catalog or Registry")
+
+
 def _load_registry(spec: str | None) -> Registry:
     if not spec or not spec.strip():
         raise ConfigurationError(MISSING_REGISTRY)
+    return _load_target(spec, Registry, "a callgate.tools.registry.Registry")
+
+
+def _load_target(spec: str, kind: type[_C], expected: str) -> _C:
     module_name, _, attribute = spec.partition(":")
     if not module_name or not attribute:
         raise ConfigurationError(f"CALLGATE_TOOLS={spec!r}: expected 'module:attribute'")
@@ -282,39 +433,19 @@ def _load_registry(spec: str | None) -> Registry:
         target = getattr(importlib.import_module(module_name), attribute)
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(f"CALLGATE_TOOLS={spec!r}: {exc}") from exc
-    registry = target() if callable(target) and not isinstance(target, Registry) else target
-    if not isinstance(registry, Registry):
-        raise ConfigurationError(f"CALLGATE_TOOLS={spec!r} is not a worker.registry.Registry")
-    return registry
+    loaded = target() if callable(target) and not isinstance(target, Catalog) else target
+    if not isinstance(loaded, kind):
+        raise ConfigurationError(f"CALLGATE_TOOLS={spec!r} is not {expected}")
+    return loaded
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Registry:
-    """The registry named by ``CALLGATE_TOOLS``, with ``CALLGATE_ALLOWLIST`` applied (and
-    the MCP servers' tools when ``CALLGATE_MCP_CONFIG`` is set)."""
-    import os
-
-    env = os.environ if env is None else env
-    if env.get("CALLGATE_MCP_CONFIG"):
-        return from_settings(Settings.from_env(dict(env)))
-    return load(env.get("CALLGATE_TOOLS") or None, env.get("CALLGATE_ALLOWLIST") or None)
+    """The registry named by ``CALLGATE_TOOLS``, with ``CALLGATE_ALLOWLIST`` applied. MCP
+    servers' tools are the worker's to add (``callgate.worker.runtime.load_registry``)."""
+    return from_settings(Settings.from_env(env))
 
 
 def from_settings(settings: Settings) -> Registry:
-    """The registry these settings name (``CALLGATE_TOOLS``, ``CALLGATE_ALLOWLIST``), with
-    the tools of the MCP servers ``CALLGATE_MCP_CONFIG`` names (``callgate.worker.mcp``)."""
-    if not settings.mcp_config:
-        return load(settings.tools, settings.allowlist)
-    try:
-        from callgate.worker.mcp.hub import with_mcp_tools
-    except ImportError as exc:
-        raise ConfigurationError(
-            f"CALLGATE_MCP_CONFIG is set but the MCP SDK is missing ({exc.name}): "
-            "pip install 'callgate[mcp]'"
-        ) from None
-
-    registry = with_mcp_tools(_load_registry(settings.tools), settings)
-    return (
-        registry.with_allowlist(load_allowlist(settings.allowlist))
-        if settings.allowlist
-        else registry
-    )
+    """The registry these settings name (``CALLGATE_TOOLS``, ``CALLGATE_ALLOWLIST``), without
+    the MCP servers' tools (only a worker starts those servers)."""
+    return load(settings.tools, settings.allowlist)

@@ -36,7 +36,7 @@ def safe_result(tool: Tool, data: Mapping[str, Any]) -> tuple[dict[str, Any], li
             notes.append("result_withheld")
             content = None
     if content is not None:
-        content = sanitise(content, tool.limits, notes)
+        content = bounded_value(content, tool.limits, notes)
     return {
         "source": {"tool": tool.name, "version": tool.version},
         "trust": TRUST_LABEL,
@@ -57,7 +57,7 @@ def storable(text: str, notes: list[str] | None = None) -> str:
     return cleaned
 
 
-def sanitise(value: Any, limits: ResultLimits, notes: list[str], depth: int = 0) -> Any:
+def bounded_value(value: Any, limits: ResultLimits, notes: list[str], depth: int = 0) -> Any:
     """Redact and cap any JSON value; make it storable (no NUL, no NaN). A value JSON cannot
     carry (bytes, a set) is left as it is: storing the result then fails, and the call ends
     with ``execution_failed``."""
@@ -74,7 +74,7 @@ def sanitise(value: Any, limits: ResultLimits, notes: list[str], depth: int = 0)
                 notes.append("secret_redacted")
                 out[shown] = REDACTED
             else:
-                out[shown] = sanitise(item, limits, notes, depth + 1)
+                out[shown] = bounded_value(item, limits, notes, depth + 1)
         if len(value) > limits.max_items:
             notes.append("fields_capped")
         return out
@@ -83,8 +83,8 @@ def sanitise(value: Any, limits: ResultLimits, notes: list[str], depth: int = 0)
             notes.append("items_capped")
         if redaction.secret_pair(value):
             notes.append("secret_redacted")
-            return [sanitise(value[0], limits, notes, depth + 1), REDACTED]
-        return [sanitise(v, limits, notes, depth + 1) for v in value[: limits.max_items]]
+            return [bounded_value(value[0], limits, notes, depth + 1), REDACTED]
+        return [bounded_value(v, limits, notes, depth + 1) for v in value[: limits.max_items]]
     if isinstance(value, str):
         return redact_text(value, limits.max_string, notes)
     if isinstance(value, float) and not math.isfinite(value):
@@ -96,7 +96,7 @@ def sanitise(value: Any, limits: ResultLimits, notes: list[str], depth: int = 0)
 def redact_text(text: str, max_length: int, notes: list[str] | None = None) -> str:
     """Secrets and stack traces out, then the length capped."""
     notes = notes if notes is not None else []
-    cleaned = redaction.redact_text(storable(text, notes), notes)
+    cleaned = redaction.redact_secrets(storable(text, notes), notes)
     if len(cleaned) > max_length:
         notes.append("string_capped")
         cleaned = cleaned[:max_length] + "…[truncated]"

@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping
-from typing import Any
+from enum import StrEnum
+from typing import Any, Literal
 
 from callgate.core import logs
 from callgate.core.errors import ErrorCode
@@ -25,6 +26,30 @@ from callgate.store.calls import CallRecord
 log = logging.getLogger("callgate.worker")
 
 RECONCILIATION_PENDING = ErrorCode.RECONCILIATION_PENDING.value
+
+
+class DeliveryOutcome(StrEnum):
+    """What one delivery did: ``executor.execute``'s answer. The values are labels that logs,
+    traces and tests already read: keep them."""
+
+    # The call's terminal result committed by this delivery (the operation's status).
+    SUCCEEDED = "succeeded"
+    FAILED_RETRYABLE = "failed_retryable"
+    FAILED_TERMINAL = "failed_terminal"
+    RECONCILIATION_PENDING = "reconciliation_pending"  # a write that may have applied
+    REFUSED = "refused"  # a gate layer on server state said no (the operation ends)
+    REJECTED = "rejected"  # refused on the call alone, before any reservation
+    CONCLUDED = "concluded"  # the intent changed in flight; ended without running
+    REUSED = "reused"  # the operation's earlier outcome is this call's too
+    # Parked or deferred: another event finishes the call.
+    AWAITING_APPROVAL = "awaiting_approval"
+    WAITING = "waiting"  # the previous write's completion dispatches this one
+    # Changed nothing (counted and traced).
+    DUPLICATE_DELIVERY = "duplicate_delivery"
+    STALE_FENCE = "stale_fence"  # the downstream refused this owner's generation
+    STALE_COMPLETION = "stale_completion"  # the completion found a newer owner
+    LEASE_LET_GO = "lease_let_go"  # the downstream stayed away; the lease lapses
+    UNKNOWN_CALL = "unknown_call"  # the job names no call
 
 
 def ids(call: CallRecord) -> dict[str, Any]:
@@ -42,9 +67,9 @@ def _event(level: int, event: str, call: CallRecord, tool: str, **facts: Any) ->
         logs.event(log, event, level, tool=tool, **ids(call), **facts)
 
 
-def delivered(call: CallRecord, tool: str, outcome: str) -> str:
+def delivered(call: CallRecord, tool: str, outcome: DeliveryOutcome) -> DeliveryOutcome:
     """Count a delivery that changed nothing; returns ``outcome`` unchanged."""
-    if outcome == "duplicate_delivery":
+    if outcome is DeliveryOutcome.DUPLICATE_DELIVERY:
         metrics.duplicate_delivery(tool)
     return outcome
 
@@ -58,10 +83,15 @@ def reserved(call: CallRecord, tool: str, generation: int, takeover: bool, since
     _event(logging.INFO, name, call, tool, generation=generation)
 
 
-def rejected_stale(call: CallRecord, tool: str, what: str, generation: int) -> None:
+def rejected_stale(
+    call: CallRecord,
+    tool: str,
+    what: Literal[DeliveryOutcome.STALE_FENCE, DeliveryOutcome.STALE_COMPLETION],
+    generation: int,
+) -> None:
     """``stale_fence`` (the downstream refused this generation) or ``stale_completion`` (the
     completion found a newer owner): this owner's work changes nothing."""
-    if what == "stale_fence":
+    if what is DeliveryOutcome.STALE_FENCE:
         metrics.stale_fence(tool)
     else:
         metrics.stale_completion(tool)

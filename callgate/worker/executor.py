@@ -50,6 +50,7 @@ from callgate.tools import gate, redaction, results
 from callgate.tools.intent import idempotency_key, intent_hash
 from callgate.tools.registry import Arguments, ExecutionContext, Facts, Principal, Tool
 from callgate.worker import aio, events
+from callgate.worker.events import DeliveryOutcome
 from callgate.worker.heartbeat import Heartbeat
 from callgate.worker.runtime import Runtime
 
@@ -94,12 +95,12 @@ class _Delivery:
         )
 
 
-def execute(rt: Runtime, ref: uuid.UUID) -> str:
+def execute(rt: Runtime, ref: uuid.UUID) -> DeliveryOutcome:
     """Run one delivery of call ``ref``. Returns what happened, for logs and tests."""
     call = db.retry_transient(lambda: calls.load(rt.engine, ref))
     if call is None:
         log.warning("job for unknown call %s dropped", ref)
-        return "unknown_call"
+        return DeliveryOutcome.UNKNOWN_CALL
     d = _Delivery(rt, call)
     metrics.queue_waited(call.queue_wait_seconds)
     try:
@@ -113,7 +114,7 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
         )
         with contextlib.suppress(Exception):  # PostgreSQL may be what is unreachable
             d.trace("lease_let_go", reason=type(let_go.cause).__name__)
-        return "lease_let_go"
+        return DeliveryOutcome.LEASE_LET_GO
     except (ServiceUnavailable, UnstorableValue):
         raise
     except Exception as exc:
@@ -127,16 +128,16 @@ def execute(rt: Runtime, ref: uuid.UUID) -> str:
         return _reject(d, err)
 
 
-def _deliver(d: _Delivery) -> str:
+def _deliver(d: _Delivery) -> DeliveryOutcome:
     call = d.call
     if call.state in TERMINAL_STATES or call.state == "awaiting_approval":
         # A parked call has no job: approving puts it back to 'proposed' before enqueueing.
         d.trace("duplicate_delivery", state=call.state)
-        return "duplicate_delivery"
+        return DeliveryOutcome.DUPLICATE_DELIVERY
     if call.after_call is not None and call.after_state not in TERMINAL_STATES:
         # The previous write's completion dispatches this one; running now would reorder.
         d.trace("waiting_for_previous_write")
-        return "waiting"
+        return DeliveryOutcome.WAITING
 
     # Layers 1–3 depend on the call alone: a refusal ends just this call.
     try:
@@ -244,7 +245,7 @@ def _resolve(tool: Tool, args: Arguments, principal: Principal, settings: Settin
 
 def _settle_approval(
     d: _Delivery, tool: Tool, intent: str, impact: dict[str, Any], facts: Facts
-) -> str | None:
+) -> DeliveryOutcome | None:
     """Steps 6–7. ``None`` when an approval for exactly this intent is granted."""
     call = d.call
     for _ in range(SETTLE_ATTEMPTS):
@@ -266,11 +267,15 @@ def _settle_approval(
             break
     else:  # another delivery kept winning the race to create the request; it parked the call
         d.trace("duplicate_delivery", reason="approval_request_race")
-        return "duplicate_delivery"
+        return DeliveryOutcome.DUPLICATE_DELIVERY
     d.audit["approval"] = {"approval_id": str(settled.approval_id), "version": settled.version}
     if settled.state == "pending":
         d.verdicts["approval"] = "pending"
-        return "awaiting_approval" if settled.parked else "duplicate_delivery"
+        return (
+            DeliveryOutcome.AWAITING_APPROVAL
+            if settled.parked
+            else DeliveryOutcome.DUPLICATE_DELIVERY
+        )
     if settled.state == "denied":
         d.verdicts["approval"] = ErrorCode.APPROVAL_DENIED.value
         denied = ToolError("an approver denied this action", code=ErrorCode.APPROVAL_DENIED)
@@ -279,7 +284,9 @@ def _settle_approval(
     return None
 
 
-def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts: Facts) -> str:
+def _run(
+    d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts: Facts
+) -> DeliveryOutcome:
     rt, call = d.rt, d.call
     owner = uuid.uuid4()
     sent = time.monotonic()
@@ -330,8 +337,10 @@ def _run(d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts
                 outcome = _handle(d, tool, args, ctx, heartbeat, detail)
             except StaleFence as err:
                 d.trace("stale_fence_rejected", generation=reserved.generation, message=err.message)
-                events.rejected_stale(call, d.tool, "stale_fence", reserved.generation)
-                return "stale_fence"
+                events.rejected_stale(
+                    call, d.tool, DeliveryOutcome.STALE_FENCE, reserved.generation
+                )
+                return DeliveryOutcome.STALE_FENCE
     detail["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
     metrics.executed(tool.name, time.monotonic() - started)
     d.audit = detail
@@ -400,7 +409,7 @@ def _succeeded(tool: Tool, raw: Mapping[str, Any], detail: dict[str, Any]) -> _O
         and isinstance(raw.get(tool.audit_field), list)
     ):
         # The trace links each resource id to the call; an id is tool output like any other.
-        detail["resources"] = [redaction.redact_text(str(r)) for r in raw[tool.audit_field]]
+        detail["resources"] = [redaction.redact_secrets(str(r)) for r in raw[tool.audit_field]]
     return _Outcome("succeeded", payload)
 
 
@@ -458,7 +467,7 @@ def _failed(code: ErrorCode, message: str) -> _Outcome:
     return _Outcome("failed_terminal", results.safe_error(code.value, [{"message": message}]))
 
 
-def _complete(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> str:
+def _complete(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> DeliveryOutcome:
     """Commit ``outcome`` under ``lease``. A result Postgres cannot store still ends the
     call: with ``execution_failed`` for a read, ``reconciliation_pending`` for a write (it
     applied; its result is lost)."""
@@ -489,12 +498,14 @@ def _complete(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> str
         outcome = fallback
     if not finished.won:
         d.trace("stale_completion_rejected", generation=lease.generation, status=outcome.status)
-        events.rejected_stale(d.call, d.tool, "stale_completion", lease.generation)
-        return "stale_completion"
+        events.rejected_stale(d.call, d.tool, DeliveryOutcome.STALE_COMPLETION, lease.generation)
+        return DeliveryOutcome.STALE_COMPLETION
     _finish(d.rt, finished)
     code = outcome.payload.get("code")
     events.completed(d.call, d.tool, outcome.status, code, finished.finished, lease.generation)
-    return "reconciliation_pending" if code == ErrorCode.RECONCILIATION_PENDING else outcome.status
+    if code == ErrorCode.RECONCILIATION_PENDING:
+        return DeliveryOutcome.RECONCILIATION_PENDING
+    return DeliveryOutcome(outcome.status)
 
 
 def _safe_to_repeat(tool: Tool) -> bool:
@@ -504,7 +515,9 @@ def _safe_to_repeat(tool: Tool) -> bool:
     return tool.kind == "read" or tool.effect.idempotent or tool.downstream.idempotency_keys
 
 
-def _refuse(d: _Delivery, intent: str, err: ToolError, canonical: Mapping[str, Any]) -> str:
+def _refuse(
+    d: _Delivery, intent: str, err: ToolError, canonical: Mapping[str, Any]
+) -> DeliveryOutcome:
     """End the operation with a refusal decided on server state, unless another delivery
     reserved or finished it first (then that delivery's outcome stands)."""
     outcome = reservations.refuse(
@@ -519,10 +532,10 @@ def _refuse(d: _Delivery, intent: str, err: ToolError, canonical: Mapping[str, A
         return _lost(d, outcome, intent)
     _finish(d.rt, outcome)
     events.refused(d.call, d.tool, **_refusal_facts(d, err), count=outcome.finished)
-    return "refused"
+    return DeliveryOutcome.REFUSED
 
 
-def _lost(d: _Delivery, lost: reservations.NotReserved, intent: str) -> str:
+def _lost(d: _Delivery, lost: reservations.NotReserved, intent: str) -> DeliveryOutcome:
     """A guarded statement matched no row: act on why, without changing anything else."""
     if lost.reason == "done":
         return _reuse(d, intent)
@@ -538,10 +551,10 @@ def _lost(d: _Delivery, lost: reservations.NotReserved, intent: str) -> str:
     # busy: another live owner runs it, and its completion ends every open call of the
     # operation; ended: another delivery already finished this call.
     d.trace("duplicate_delivery", reason=lost.reason, generation=lost.generation)
-    return "duplicate_delivery"
+    return DeliveryOutcome.DUPLICATE_DELIVERY
 
 
-def _conclude_conflict(d: _Delivery, lost: reservations.NotReserved) -> str:
+def _conclude_conflict(d: _Delivery, lost: reservations.NotReserved) -> DeliveryOutcome:
     """This call was started under an intent that no longer computes the same (a tool or
     schema version, or an allowlist, changed during a crash gap). It can neither be reused
     nor run again: once its owner's lease has expired, its operation ends, with
@@ -549,7 +562,9 @@ def _conclude_conflict(d: _Delivery, lost: reservations.NotReserved) -> str:
     for a read."""
     if lost.op_state == "in_progress" and not lost.lease_expired:
         d.trace("duplicate_delivery", reason="owner_alive", generation=lost.generation)
-        return "duplicate_delivery"  # the owner's completion ends it, or its lease expires
+        return (
+            DeliveryOutcome.DUPLICATE_DELIVERY
+        )  # the owner's completion ends it, or its lease expires
     if d.call.kind == "write":
         error = _reconciliation("the tool changed while this write was in flight").payload
     else:
@@ -572,31 +587,31 @@ def _conclude_conflict(d: _Delivery, lost: reservations.NotReserved) -> str:
             )
     if not finished.finished:
         d.trace("duplicate_delivery", reason="conclude_lost", generation=lost.generation)
-        return "duplicate_delivery"
+        return DeliveryOutcome.DUPLICATE_DELIVERY
     _finish(d.rt, finished)
     events.concluded(d.call, d.tool, error, finished.finished, lost.op_state == "in_progress")
-    return "concluded"
+    return DeliveryOutcome.CONCLUDED
 
 
-def _reject(d: _Delivery, err: ToolError) -> str:
+def _reject(d: _Delivery, err: ToolError) -> DeliveryOutcome:
     """End this call, if no delivery started it, with a refusal decided on the call alone."""
     finished = reservations.reject(d.rt.engine, call_ref=d.call.ref, **_refusal(err, d))
     if not finished.finished:
         # Another delivery reserved it (or ended it) first; its outcome stands.
         d.trace("duplicate_delivery", reason="call_not_proposed", refused=err.code.value)
-        return "duplicate_delivery"
+        return DeliveryOutcome.DUPLICATE_DELIVERY
     _finish(d.rt, finished)
     events.refused(d.call, d.tool, **_refusal_facts(d, err), count=finished.finished)
-    return "rejected"
+    return DeliveryOutcome.REJECTED
 
 
-def _reuse(d: _Delivery, intent: str) -> str:
+def _reuse(d: _Delivery, intent: str) -> DeliveryOutcome:
     finished = reservations.reuse(
         d.rt.engine, call_ref=d.call.ref, intent_hash=intent, detail=d.audit
     )
     _finish(d.rt, finished)
     events.reused(d.call, d.tool, finished.finished)
-    return "reused" if finished.finished else "duplicate_delivery"
+    return DeliveryOutcome.REUSED if finished.finished else DeliveryOutcome.DUPLICATE_DELIVERY
 
 
 def transient_failure(exc: BaseException) -> bool:
@@ -667,17 +682,11 @@ def _run_handler(
 
 
 def _finish(rt: Runtime, finished: reservations.Finished) -> None:
-    """Dispatch the calls a finish unblocked. They are marked dispatched in Postgres: if
-    Redis is down, the sweeper dispatches them once it is back."""
-    if finished.successors:
-        try:
-            transport.enqueue_calls(
-                rt.queue, finished.successors, timeout=rt.settings.job_timeout_seconds
-            )
-        except ServiceUnavailable as exc:
-            log.warning(
-                "dispatch of %d call(s) left to the sweeper: %s", len(finished.successors), exc
-            )
+    """Dispatch the calls a finish unblocked (committed: the sweeper covers a Redis
+    failure)."""
+    transport.dispatch_after_commit(
+        rt.queue, finished.successors, timeout=rt.settings.job_timeout_seconds, who="worker"
+    )
 
 
 def _plain(args: Arguments) -> dict[str, Any]:

@@ -29,7 +29,7 @@ from callgate.core.settings import Settings
 from callgate.daemons import sweeper
 from callgate.observe import metrics
 from callgate.queue import transport
-from callgate.store import db
+from callgate.store import db, tool_catalog
 from callgate.tools import redaction
 from callgate.worker import runtime
 from callgate.worker.consumer import Consumer
@@ -47,6 +47,10 @@ def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> 
         conn.execute(text("SELECT 1"))
     with transport.translate_errors("worker start"):
         rt.redis.ping()
+    # Producers plan and show tools from the catalogue: publish ours before taking a call. A
+    # different definition already published under one of our versions stops the worker here
+    # (tool_definition_conflict), rather than let producers plan with the other one.
+    tool_catalog.publish(rt.engine, rt.registry, sources=rt.tool_sources)
     runtime.install(rt)
     # Every tool's series exist from the start (at zero), so their first increment counts.
     metrics.declare_tools((t.name, t.kind) for t in rt.registry.tools.values())

@@ -1,17 +1,32 @@
-"""Per-process resources of a worker: settings, engines, Redis, queue, registry."""
+"""Per-process resources of a worker: settings, engines, Redis, queue, registry.
+
+Only a worker loads handler code and starts MCP servers (``load_registry``); a producer reads
+the specs workers publish (``callgate.store.tool_catalog``).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import ModuleType
 
 import redis
 from rq import Queue
 from sqlalchemy import Engine
 
+from callgate.core.errors import ConfigurationError
 from callgate.core.settings import Settings
 from callgate.queue import transport
 from callgate.store import db
+from callgate.store.tool_catalog import MCP_SOURCE_PREFIX
 from callgate.tools import registry as tool_registry
+
+mcp_hub: ModuleType | None
+try:  # the mcp extra: without it a worker runs its own tools, and refuses an MCP config
+    from callgate.worker.mcp import hub as mcp_hub
+except ImportError as exc:
+    mcp_hub = None
+    MCP_MISSING = exc.name
 
 # Connections of a worker process: K + 2 up to K = 8 (a call's statements never wait), at
 # most POOL_CONNECTIONS + 2 above (the lease renewals and the consumer's own statements).
@@ -29,9 +44,12 @@ class Runtime:
     redis: redis.Redis
     queue: Queue
     registry: tool_registry.Registry
+    # Tool name → where it came from, for the catalogue: an MCP server's tools only.
+    tool_sources: Mapping[str, str] = field(default_factory=dict)
 
     @classmethod
     def create(cls, settings: Settings) -> Runtime:
+        registry, sources = load_registry(settings)
         connection = transport.connect(settings.require_redis())
         return cls(
             settings=settings,
@@ -49,8 +67,29 @@ class Runtime:
             ),
             redis=connection,
             queue=transport.job_queue(connection, settings.queue),
-            registry=tool_registry.from_settings(settings),
+            registry=registry,
+            tool_sources=sources,
         )
+
+
+def load_registry(settings: Settings) -> tuple[tool_registry.Registry, dict[str, str]]:
+    """The registry ``CALLGATE_TOOLS`` names, with the tools of the MCP servers
+    ``CALLGATE_MCP_CONFIG`` names (started here, once per process), then
+    ``CALLGATE_ALLOWLIST`` applied; and each MCP tool's source (``mcp:SERVER``)."""
+    if not settings.mcp_config:
+        return tool_registry.load(settings.tools, settings.allowlist), {}
+    if mcp_hub is None:
+        raise ConfigurationError(
+            f"CALLGATE_MCP_CONFIG is set but the MCP SDK is missing ({MCP_MISSING}): "
+            "pip install 'callgate[mcp]'"
+        )
+    registry, servers = mcp_hub.with_mcp_tools(tool_registry.load(settings.tools), settings)
+    sources = {
+        name: f"{MCP_SOURCE_PREFIX}{server}" for server, names in servers.items() for name in names
+    }
+    if settings.allowlist:
+        registry = registry.with_allowlist(tool_registry.load_allowlist(settings.allowlist))
+    return registry, sources
 
 
 _current: Runtime | None = None

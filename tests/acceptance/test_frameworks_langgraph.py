@@ -23,7 +23,7 @@ from sqlalchemy import Engine
 from callgate import AsyncProducer
 from callgate.core.errors import CallgateError
 from callgate.ops.stack import Stack
-from callgate.producer.frameworks import executor
+from callgate.producer.frameworks import relay
 from callgate.producer.frameworks.langgraph import CallgateToolNode
 from tests.acceptance.conftest import scalar
 from tests.acceptance.frameworks_support import (
@@ -238,7 +238,7 @@ def test_bad_input_is_refused_with_stable_codes(in_loop: Callable[..., Any]) -> 
 
     assert in_loop(run) == ["invalid_input"] * 5
     try:
-        executor.require("callgate_no_such_framework", "langgraph", "an integration")
+        relay.require("callgate_no_such_framework", "langgraph", "an integration")
     except CallgateError as exc:
         assert exc.code == "invalid_configuration"
         assert "callgate[langgraph]" in exc.message

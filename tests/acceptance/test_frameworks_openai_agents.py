@@ -85,9 +85,7 @@ def test_two_reads_and_a_write_run_as_one_turn_and_the_model_sees_safe_results(
     assert turns_of(engine, context["request_id"]) == 1  # one model response, one turn
     assert effects_of_tool(engine, context["request_id"], "refund_payment") == 1
     # The agent was shown the support role's allowlist, named as callgate names them.
-    assert sorted(t.name for t in gate.tools) == sorted(
-        d["name"] for d in gate.executor.definitions()
-    )
+    assert sorted(t.name for t in gate.tools) == sorted(d["name"] for d in gate.relay.definitions())
 
 
 def test_a_refusal_reaches_the_model_as_a_coded_error(

@@ -21,9 +21,8 @@ from mcp.shared.exceptions import MCPError
 
 from callgate.core.settings import Settings
 from callgate.ops.lab.chaos.services import free_port
-from callgate.tools import registry
 from callgate.tools.registry import ExecutionContext
-from callgate.worker import aio
+from callgate.worker import aio, runtime
 from callgate.worker.mcp import hub
 from tests.acceptance.mcp_world import HERE
 
@@ -79,7 +78,7 @@ def test_an_http_server_s_tools_are_discovered_and_called(
             "CALLGATE_MCP_CONFIG": str(config),
         }
     )
-    tools = registry.from_settings(settings)
+    tools, _ = runtime.load_registry(settings)
     assert {"web__echo", "web__note", "web__wipe"} <= tools.allowed_for(["r"])
     assert tools.require("web__echo").kind == "read"
     ctx = ExecutionContext(

@@ -19,7 +19,7 @@ from prometheus_client import REGISTRY
 
 from callgate.core.settings import Settings
 from callgate.observe import gauges, metrics
-from callgate.ops.cli import cli
+from callgate.ops.cli.main import cli
 
 REPO = Path(__file__).resolve().parents[2]
 PROM = REPO / "ops" / "prometheus"

@@ -151,7 +151,7 @@ def _take(kind: FaultKind, seconds: float, ids: Ids) -> Fault:
     return script_fault(kind, transport.TAKE_LUA, seconds=seconds, label="take script")
 
 
-# The operator commands' connections (ops/cli.py OPS_APPLICATION).
+# The operator commands' connections (ops/cli/common.py OPS_APPLICATION).
 OPS = "callgate-ops"
 APPROVER = "approver-f"
 RECONCILER = "reconciler-f"

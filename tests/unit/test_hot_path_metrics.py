@@ -17,6 +17,7 @@ from callgate.observe import metrics
 from callgate.store.calls import CallRecord
 from callgate.tools.registry import ExecutionContext
 from callgate.worker import events
+from callgate.worker.events import DeliveryOutcome
 
 
 def sample(name: str, **labels: str) -> float:
@@ -142,7 +143,7 @@ def test_each_state_change_is_one_record_with_the_ids_and_never_the_arguments(
     events.reserved(CALL, "refund_payment", 2, True, since=0.0)
     events.completed(CALL, "refund_payment", "succeeded", None, 1, 2)
     events.completed(CALL, "refund_payment", "failed_terminal", "reconciliation_pending", 1, 3)
-    events.rejected_stale(CALL, "refund_payment", "stale_fence", 1)
+    events.rejected_stale(CALL, "refund_payment", DeliveryOutcome.STALE_FENCE, 1)
     events.refused(
         CALL,
         "refund_payment",
@@ -182,8 +183,9 @@ def test_each_state_change_is_one_record_with_the_ids_and_never_the_arguments(
 
 def test_a_delivery_that_changed_nothing_counts_as_a_duplicate() -> None:
     before = sample("callgate_duplicate_deliveries_total", tool="refund_payment")
-    assert events.delivered(CALL, "refund_payment", "duplicate_delivery") == "duplicate_delivery"
-    assert events.delivered(CALL, "refund_payment", "succeeded") == "succeeded"
+    duplicate, succeeded = DeliveryOutcome.DUPLICATE_DELIVERY, DeliveryOutcome.SUCCEEDED
+    assert events.delivered(CALL, "refund_payment", duplicate) == "duplicate_delivery"
+    assert events.delivered(CALL, "refund_payment", succeeded) == "succeeded"
     assert sample("callgate_duplicate_deliveries_total", tool="refund_payment") == before + 1
 
 

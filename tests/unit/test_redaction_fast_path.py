@@ -17,7 +17,7 @@ PLAIN = string.ascii_letters + string.digits + "._-"
 
 def _full(text: str) -> tuple[str, list[str]]:
     notes: list[str] = []
-    return redaction._redact_text(text, notes), notes
+    return redaction._redact_secrets(text, notes), notes
 
 
 @settings(max_examples=3000, deadline=None)
@@ -35,7 +35,7 @@ PIECES = [*WORDS, "-", "_", ".", "1", "0", "A", "a", "Z", "eyJ", "SG", "AC", "sq
 @settings(max_examples=3000, deadline=None)
 @given(st.lists(st.sampled_from(PIECES), max_size=5).map("".join))
 def test_secret_looking_pieces_take_the_full_path_or_are_left_alone(text: str) -> None:
-    fast = redaction.redact_text(text)
+    fast = redaction.redact_secrets(text)
     assert fast == _full(text)[0]
     if redaction._UNCHANGEABLE.fullmatch(text):
         assert _full(text) == (text, [])
@@ -60,7 +60,7 @@ def test_timestamps_are_left_alone_by_the_full_rules(text: str) -> None:
 def test_the_fast_path_lets_nothing_through_that_the_rules_catch() -> None:
     for secret in ["xoxb-1-abc", "pwd=hunter2", "AKIAABCDEFGHIJKLMNOP", "sk-abcdefghijklmn"]:
         assert not redaction._UNCHANGEABLE.fullmatch(secret)
-        assert redaction.redact_text(secret) != secret
+        assert redaction.redact_secrets(secret) != secret
 
 
 def test_a_key_is_cached_only_when_the_rules_found_it_clean() -> None:

@@ -15,7 +15,7 @@ from fastapi import FastAPI
 from sqlalchemy import Engine
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from callgate.core.errors import CallgateError, ErrorCode, InputError
+from callgate.core.errors import ErrorCode, InputError
 from callgate.core.settings import Settings
 from callgate.ops.http import console, problems, routes
 from callgate.ops.http.auth import RateLimiter, WaitSlots
@@ -172,18 +172,12 @@ class Services:
     def dispatch(self, refs: list[uuid.UUID]) -> None:
         """Enqueue calls a decision made runnable. The decision is committed already: if
         Redis fails here, the sweeper dispatches them (as for ``callgate approvals``)."""
-        if not refs:
-            return
-        try:
-            transport.enqueue_calls(
-                self.producer.queue, refs, timeout=self.producer.settings.job_timeout_seconds
-            )
-        except CallgateError as exc:
-            log.warning(
-                "api: %s: %d call(s) decided but not enqueued; the sweeper dispatches them",
-                exc.code,
-                len(refs),
-            )
+        transport.dispatch_after_commit(
+            self.producer.queue,
+            refs,
+            timeout=self.producer.settings.job_timeout_seconds,
+            who="api",
+        )
 
 
 def create_app(settings: Settings, api: ApiSettings) -> FastAPI:

@@ -27,7 +27,7 @@ import redis
 
 from callgate.core.errors import AccessError, ErrorCode
 from callgate.queue import transport
-from callgate.store.api_keys import Principal
+from callgate.store.api_keys import KeyHolder
 
 # KEYS[1] the bucket; ARGV rate (tokens/s), burst. Returns {allowed, seconds to wait}.
 TOKEN_BUCKET_LUA = """
@@ -63,7 +63,7 @@ def bearer_key(authorization: str | None) -> str:
     return key.strip()
 
 
-def require_approver(principal: Principal) -> None:
+def require_approver(principal: KeyHolder) -> None:
     if not principal.approver:
         raise AccessError(
             f"deciding approvals needs a key with the approver role for {principal.tenant_id}",
@@ -81,7 +81,7 @@ class RateLimiter:
     def __post_init__(self) -> None:
         self._script = self.connection.register_script(TOKEN_BUCKET_LUA)
 
-    def take(self, principal: Principal) -> None:
+    def take(self, principal: KeyHolder) -> None:
         """Take one token of the key's bucket, or refuse with ``rate_limited``."""
         rate = principal.rate or self.rate
         burst = principal.burst or self.burst

@@ -20,7 +20,7 @@ from fastapi.responses import FileResponse
 from callgate.core.errors import AccessError
 from callgate.ops.http import auth, models, routes
 from callgate.store import api_keys, turns
-from callgate.store.api_keys import Principal
+from callgate.store.api_keys import KeyHolder
 
 router = APIRouter(prefix="/console", include_in_schema=False)
 
@@ -64,7 +64,7 @@ def style() -> FileResponse:
     return _static("console.css", "text/css; charset=utf-8")
 
 
-def _signed_in(request: Request, cookie: str | None) -> Principal:
+def _signed_in(request: Request, cookie: str | None) -> KeyHolder:
     s = routes.services(request)
     key_id, nonce = auth.session_of(s.api.session_secret, cookie)
     principal = api_keys.session_principal(s.engine, key_id, nonce)
@@ -73,7 +73,7 @@ def _signed_in(request: Request, cookie: str | None) -> Principal:
     return principal
 
 
-def _session(request: Request, principal: Principal, cookie: str) -> dict[str, str]:
+def _session(request: Request, principal: KeyHolder, cookie: str) -> dict[str, str]:
     return {
         "tenant_id": principal.tenant_id,
         "user_id": principal.user_id,
@@ -126,7 +126,7 @@ def sign_out(request: Request, session: SessionCookie = None, csrf: CsrfHeader =
     return out
 
 
-def _board(request: Request, principal: Principal) -> dict[str, Any]:
+def _board(request: Request, principal: KeyHolder) -> dict[str, Any]:
     s = routes.services(request)
     every = routes._views(s, principal, None)
     pending = [v for v in every if v["state"] == "pending"]

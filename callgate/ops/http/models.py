@@ -37,7 +37,7 @@ class Submitted(BaseModel):
     calls: list[SubmittedCall]
 
 
-class Collected(BaseModel):
+class CollectedTurn(BaseModel):
     """What ``callgate collect --json`` prints."""
 
     turn_id: str

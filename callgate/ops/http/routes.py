@@ -33,7 +33,7 @@ from callgate.producer import intake
 from callgate.producer.validation import MAX_ID_LENGTH, check_id, check_timeout
 from callgate.queue import transport
 from callgate.store import api_keys, approvals, db, trace, turns
-from callgate.store.api_keys import Principal
+from callgate.store.api_keys import KeyHolder
 
 router = APIRouter()
 
@@ -44,7 +44,7 @@ def services(request: Request) -> Any:
     return request.app.state.services
 
 
-def _check_key(s: Any, key: str) -> Principal:
+def _check_key(s: Any, key: str) -> KeyHolder:
     principal = api_keys.authenticate(s.engine, key)
     s.limiter.take(principal)
     return principal
@@ -53,16 +53,16 @@ def _check_key(s: Any, key: str) -> Principal:
 async def authenticated(
     request: Request,
     _credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
-) -> Principal:
+) -> KeyHolder:
     """The principal of the request's key, after one token of its rate limit. The check
     runs on threads of its own (``KEY_CHECK_THREADS``), never the routes' shared pool."""
     s = services(request)
     key = bearer_key(request.headers.get("authorization"))
-    principal: Principal = await anyio.to_thread.run_sync(_check_key, s, key, limiter=s.key_checks)
+    principal: KeyHolder = await anyio.to_thread.run_sync(_check_key, s, key, limiter=s.key_checks)
     return principal
 
 
-Who = Annotated[Principal, Depends(authenticated)]
+Who = Annotated[KeyHolder, Depends(authenticated)]
 ProviderQuery = Annotated[
     models.Surface | None, Query(description="A provider API surface (five are accepted)")
 ]
@@ -109,7 +109,7 @@ def _parse(body: bytes) -> Any:
         raise InputError(f"the body is not valid JSON: {exc.message}") from None
 
 
-def _operation_ids(proposals: list[Any], principal: Principal, idem: str) -> dict[str, str]:
+def _operation_ids(proposals: list[Any], principal: KeyHolder, idem: str) -> dict[str, str]:
     """Operation ids derived from the Idempotency-Key: a repeat whose first answer was lost
     reuses the first attempt's operations, so its writes never run twice."""
     derived: dict[str, str] = {}
@@ -125,7 +125,7 @@ def _operation_ids(proposals: list[Any], principal: Principal, idem: str) -> dic
     return derived
 
 
-def _submit_key(principal: Principal, idem: str) -> str:
+def _submit_key(principal: KeyHolder, idem: str) -> str:
     """The producer's submit key for an Idempotency-Key: scoped by the API key, as the
     answers in ``api_idempotency`` are (the producer scopes it by tenant too)."""
     raw = json.dumps(["api", principal.key_id, idem])
@@ -134,7 +134,7 @@ def _submit_key(principal: Principal, idem: str) -> str:
 
 def _submit(
     s: Any,
-    who: Principal,
+    who: KeyHolder,
     body: bytes,
     query: str,
     provider: str | None,
@@ -250,7 +250,7 @@ async def submit_turn(
     )
 
 
-def _own_turn(s: Any, who: Principal, turn_id: str) -> None:
+def _own_turn(s: Any, who: KeyHolder, turn_id: str) -> None:
     # Another principal's turn answers exactly like a missing one.
     with db.translate_errors("collect"):
         found = turns.owner(s.engine, turn_id)
@@ -283,7 +283,7 @@ async def _collect_unless_gone(request: Request, s: Any, turn_id: str, wait: flo
 
 @router.get(
     "/v1/turns/{turn_id}/results",
-    response_model=models.Collected | list[dict[str, Any]] | dict[str, Any],
+    response_model=models.CollectedTurn | list[dict[str, Any]] | dict[str, Any],
     responses=_ERRORS,
     summary="Wait for a turn's results",
     tags=["turns"],
@@ -333,7 +333,7 @@ def list_tools(request: Request, who: Who, provider: ProviderQuery = None) -> An
     return JSONResponse(intake.tool_definitions(definitions, provider))
 
 
-def _views(s: Any, who: Principal, state: str | None) -> list[dict[str, Any]]:
+def _views(s: Any, who: KeyHolder, state: str | None) -> list[dict[str, Any]]:
     with db.translate_errors("approvals"):
         every = approvals.requests(s.engine, tenant=who.tenant_id)
     shown = views.approval_views(every, datetime.now(UTC))
@@ -355,7 +355,7 @@ def list_approvals(
     return _views(services(request), who, None if state == "all" else state)
 
 
-def approval_detail(s: Any, who: Principal, approval_id: str) -> dict[str, Any]:
+def approval_detail(s: Any, who: KeyHolder, approval_id: str) -> dict[str, Any]:
     with db.translate_errors("approvals"):
         found = approvals.show(s.engine, approval_id, tenant=who.tenant_id)  # unknown_approval
         calls = turns.calls_of_approval(s.engine, approval_id)
@@ -379,7 +379,7 @@ def show_approval(
     return approval_detail(services(request), who, approval_id)
 
 
-def decide(s: Any, who: Principal, approval_id: str, verdict: str) -> dict[str, Any]:
+def decide(s: Any, who: KeyHolder, approval_id: str, verdict: str) -> dict[str, Any]:
     """Approve or deny as the key's user, for the key's tenant; never one's own request
     (four eyes, in the deciding statement itself)."""
     require_approver(who)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 
 import click
 
@@ -29,8 +28,9 @@ def api_cmd(host: str | None, port: int | None) -> None:
     CALLGATE_API_DOCS=on) and the approval console (/console).
 
     Every request needs an API key (callgate keys create); its principal comes from the key.
-    Needs CALLGATE_DATABASE_URL, CALLGATE_REDIS_URL and CALLGATE_TOOLS; rate limits per key
-    from CALLGATE_API_RATE and CALLGATE_API_BURST. See docs/api.md.
+    Needs CALLGATE_DATABASE_URL and CALLGATE_REDIS_URL; the tools come from the catalogue
+    workers publish (or CALLGATE_TOOLS when set); rate limits per key from CALLGATE_API_RATE
+    and CALLGATE_API_BURST. See docs/api.md.
     """
     try:
         import uvicorn  # noqa: F401
@@ -45,10 +45,11 @@ def api_cmd(host: str | None, port: int | None) -> None:
     from callgate.tools import registry
 
     settings = Settings.from_env()
-    registry.from_settings(settings)  # refuse before listening, as `callgate up` does
+    if settings.tools:  # else the tools come from the catalogue workers publish
+        registry.load_catalog(settings.tools)  # refuse a bad one before listening
     settings.require_database()
     settings.require_redis()
-    api = ApiSettings.from_env(dict(os.environ)).with_address(host, port)
+    api = ApiSettings.from_env().with_address(host, port)
     http_server.run(
         create_app(settings, api),
         host=api.host,

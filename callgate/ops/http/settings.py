@@ -1,13 +1,14 @@
-"""Settings of ``callgate api``, each an environment variable (docs/configuration.md)."""
+"""Settings of ``callgate api`` (``CALLGATE_API_HOST`` and the rest of its section), declared
+like every other variable (callgate/core/settings.py; docs/configuration.md)."""
 
 from __future__ import annotations
 
 import secrets
-from dataclasses import dataclass, replace
-from typing import Self
 
-from callgate.core.errors import ConfigurationError
-from callgate.core.settings import MAX_PORT, _bool, _float, _int
+from pydantic import FiniteFloat
+from pydantic_settings import SettingsConfigDict
+
+from callgate.core.settings import MAX_PORT, Flag, Section, setting
 
 # A request body larger than this is refused before it is parsed (a turn is at most
 # CALLGATE_MAX_TURN_CALLS calls; no real one comes near this). CALLGATE_API_MAX_BODY_BYTES
@@ -17,62 +18,56 @@ MAX_BODY_BYTES = 16 * 1024 * 1024
 SMALL_BODY_BYTES = 64 * 1024
 
 
-@dataclass(frozen=True)
-class ApiSettings:
-    host: str = "127.0.0.1"
-    port: int = 8000
-    # Token bucket per key: ``rate`` requests per second refill, at most ``burst`` at once.
-    rate: float = 10.0
-    burst: int = 20
-    # Longest ``wait`` of GET /v1/turns/{id}/results. A wait holds no thread (it awaits the
-    # turn's Redis stream), but it holds a connection and a Redis read: each key may have
-    # at most ``max_waits_per_key`` at once in one process (429 ``too_many_waits`` past it).
-    max_wait: float = 30.0
-    max_waits_per_key: int = 10
-    # The largest body of POST /v1/turns (every other route: SMALL_BODY_BYTES).
-    max_body: int = MAX_BODY_BYTES
-    # Signs console session cookies and CSRF tokens; random per process when unset.
-    session_secret: bytes = b""
-    session_seconds: float = 8 * 3600.0
-    # A connection whose request headers are not whole this many seconds after it opened
-    # (or after its previous answer) is closed: uvicorn itself never times a head out.
-    header_timeout: float = 10.0
-    # An idle keep-alive connection is closed after this many seconds.
-    keep_alive: int = 5
-    # /docs loads Swagger UI from a public CDN on the console's origin: off unless asked.
-    docs: bool = False
+class ApiSettings(Section):
+    model_config = SettingsConfigDict(env_prefix=f"{Section.model_config['env_prefix']}API_")
 
-    @classmethod
-    def from_env(cls, env: dict[str, str]) -> Self:
-        secret = env.get("CALLGATE_API_SESSION_SECRET") or ""
-        if secret and len(secret) < 32:
-            raise ConfigurationError(
-                "CALLGATE_API_SESSION_SECRET must be at least 32 characters (random)"
-            )
-        return cls(
-            host=(env.get("CALLGATE_API_HOST") or "127.0.0.1").strip(),
-            port=_int(env, "CALLGATE_API_PORT", 8000, minimum=1, maximum=MAX_PORT),
-            rate=_float(env, "CALLGATE_API_RATE", 10.0, minimum=0.001),
-            burst=_int(env, "CALLGATE_API_BURST", 20, minimum=1),
-            max_wait=_float(env, "CALLGATE_API_MAX_WAIT", 30.0, minimum=0),
-            max_waits_per_key=_int(env, "CALLGATE_API_MAX_WAITS_PER_KEY", 10, minimum=1),
-            max_body=_int(
-                env,
-                "CALLGATE_API_MAX_BODY_BYTES",
-                MAX_BODY_BYTES,
-                minimum=SMALL_BODY_BYTES,
-                maximum=MAX_BODY_BYTES,
-            ),
-            session_secret=secret.encode() or secrets.token_bytes(32),
-            session_seconds=_float(env, "CALLGATE_API_SESSION_SECONDS", 8 * 3600.0, minimum=60),
-            header_timeout=_float(env, "CALLGATE_API_HEADER_TIMEOUT", 10.0, minimum=0.1),
-            keep_alive=_int(env, "CALLGATE_API_KEEP_ALIVE", 5, minimum=1),
-            docs=bool(_bool(env, "CALLGATE_API_DOCS")),
-        )
+    host: str = setting("127.0.0.1", "Address the HTTP API listens on.")
+    port: int = setting(8000, "Port the HTTP API listens on.", ge=1, le=MAX_PORT)
+    # Token bucket per key: ``rate`` requests per second refill, at most ``burst`` at once.
+    rate: FiniteFloat = setting(
+        10.0, "Requests per second one API key may make on average.", ge=0.001
+    )
+    burst: int = setting(20, "Requests one API key may make at once.", ge=1)
+    # A wait holds no thread (it awaits the turn's Redis stream), but it holds a connection
+    # and a Redis read: hence a cap per key and process (429 ``too_many_waits`` past it).
+    max_wait: FiniteFloat = setting(
+        30.0, "Longest wait, in seconds, of GET /v1/turns/{id}/results.", ge=0
+    )
+    max_waits_per_key: int = setting(
+        10, "Long-polls one key may have waiting at once in one API process.", ge=1
+    )
+    # The largest body of POST /v1/turns (every other route: SMALL_BODY_BYTES).
+    max_body_bytes: int = setting(
+        MAX_BODY_BYTES,
+        "Largest body of POST /v1/turns, in bytes.",
+        ge=SMALL_BODY_BYTES,
+        le=MAX_BODY_BYTES,
+    )
+    # Signs console session cookies and CSRF tokens; random per process when unset.
+    session_secret: bytes = setting(
+        help="Signs the console's sessions; the same on every API process (default: random).",
+        default_factory=lambda: secrets.token_bytes(32),
+        min_length=32,
+        secret=True,
+        accepts="at least 32 characters (random)",
+    )
+    session_seconds: FiniteFloat = setting(
+        8 * 3600.0, "How long a console session lasts, in seconds.", ge=60
+    )
+    # uvicorn itself never times a request head out.
+    header_timeout: FiniteFloat = setting(
+        10.0, "Seconds a connection has to send a whole request head.", ge=0.1
+    )
+    keep_alive: int = setting(5, "Seconds an idle keep-alive connection stays open.", ge=1)
+    # /docs loads Swagger UI from a public CDN on the console's origin: off unless asked.
+    docs: Flag = setting(False, "Serve Swagger UI at /docs (loads its script from a CDN).")
+
+    @property
+    def max_body(self) -> int:
+        return self.max_body_bytes
 
     def with_address(self, host: str | None, port: int | None) -> ApiSettings:
-        return replace(
-            self,
+        return self.replace(
             host=self.host if host is None else host,
             port=self.port if port is None else port,
         )

@@ -1,4 +1,4 @@
-"""Drop-in executors for agent frameworks: the framework's model proposes tool calls, callgate
+"""Drop-in tool runners for agent frameworks: the framework's model proposes tool calls, callgate
 runs them through its gate, queue, workers and guarantees.
 
 Each integration is a module of its own and imports its framework only when it is imported
@@ -9,5 +9,5 @@ Each integration is a module of its own and imports its framework only when it i
     from callgate.producer.frameworks.langgraph import CallgateToolNode  # callgate[langgraph]
 
 What they share (submitting a model turn, waiting for each call's outcome, and what a model
-is shown for a result, a refusal or an approval still pending) is in ``executor``.
+is shown for a result, a refusal or an approval still pending) is in ``relay``.
 """

@@ -32,10 +32,10 @@ from typing import Any
 from callgate.core.errors import InputError
 from callgate.core.types import CallContext, ProposedCall
 from callgate.producer.async_producer import AsyncProducer
-from callgate.producer.frameworks import executor
-from callgate.producer.frameworks.executor import Finished, Outcome, Parked, TurnExecutor
+from callgate.producer.frameworks import relay
+from callgate.producer.frameworks.relay import CallOutcome, Done, Parked, TurnRelay
 
-executor.require("langgraph", "langgraph", __name__)
+relay.require("langgraph", "langgraph", __name__)
 
 from langchain_core.messages import AIMessage, ToolMessage  # noqa: E402
 from langchain_core.runnables import RunnableConfig, RunnableLambda  # noqa: E402
@@ -62,7 +62,7 @@ class CallgateToolNode(RunnableLambda[Any, Any]):
         producer: AsyncProducer,
         context: CallContext | Mapping[str, Any] | None = None,
         *,
-        timeout: float = executor.DEFAULT_TIMEOUT_SECONDS,
+        timeout: float = relay.DEFAULT_TIMEOUT_SECONDS,
         messages_key: str = "messages",
         name: str = "tools",
     ) -> None:
@@ -71,15 +71,15 @@ class CallgateToolNode(RunnableLambda[Any, Any]):
                 f"CallgateToolNode needs an AsyncProducer, not {type(producer).__name__}"
             )
         self.producer = producer
-        self.context = None if context is None else executor.as_context(context)
-        self.timeout = executor.checked_timeout(timeout)
+        self.context = None if context is None else relay.as_context(context)
+        self.timeout = relay.checked_timeout(timeout)
         self.messages_key = messages_key
         super().__init__(self._run, name=name)
 
     def tool_schemas(self, context: CallContext | Mapping[str, Any] | None = None) -> list[Any]:
         """The tools the context's roles may use, in OpenAI's function-tool form, for
         ``chat_model.bind_tools(...)``."""
-        gate = TurnExecutor(self.producer, self._context_or(context), timeout=self.timeout)
+        gate = TurnRelay(self.producer, self._context_or(context), timeout=self.timeout)
         return [{"type": "function", "function": d} for d in gate.definitions()]
 
     async def _run(self, state: Any, config: RunnableConfig) -> Any:
@@ -89,7 +89,7 @@ class CallgateToolNode(RunnableLambda[Any, Any]):
         calls = _proposals(message)
         if not calls:
             return self._shaped(state, [])
-        gate = TurnExecutor(self.producer, context, timeout=self.timeout)
+        gate = TurnRelay(self.producer, context, timeout=self.timeout)
         outcomes = await gate.run(calls)
         while parked := [o for o in outcomes if isinstance(o, Parked)]:
             interrupt({"callgate_approvals": [_approval(p) for p in parked]})
@@ -100,9 +100,9 @@ class CallgateToolNode(RunnableLambda[Any, Any]):
 
     def _context_or(self, given: object) -> CallContext:
         if given is not None:
-            if self.context is not None and executor.as_context(given) != self.context:
+            if self.context is not None and relay.as_context(given) != self.context:
                 raise InputError("this tool node is bound to another CallContext")
-            return executor.as_context(given)
+            return relay.as_context(given)
         if self.context is None:
             raise InputError(
                 "CallgateToolNode has no CallContext: pass context= or "
@@ -144,7 +144,7 @@ def _calls_of(message: AIMessage) -> list[tuple[str, str, object]]:
 
 
 def _proposals(message: AIMessage) -> list[ProposedCall]:
-    return executor.proposals(_calls_of(message))
+    return relay.proposals(_calls_of(message))
 
 
 def _names(message: AIMessage) -> list[str]:
@@ -155,10 +155,10 @@ def _approval(parked: Parked) -> dict[str, Any]:
     return {"call_id": parked.call_id, "tool_name": parked.tool_name, **parked.metadata}
 
 
-def _tool_message(outcome: Outcome, name: str) -> ToolMessage:
-    ok = isinstance(outcome, Finished) and outcome.ok
+def _tool_message(outcome: CallOutcome, name: str) -> ToolMessage:
+    ok = isinstance(outcome, Done) and outcome.ok
     return ToolMessage(
-        content=executor.body_text(outcome),
+        content=relay.body_text(outcome),
         tool_call_id=outcome.call_id,
         name=name,
         status="success" if ok else "error",

@@ -28,10 +28,10 @@ from typing import Any
 
 from callgate.core.types import CallContext
 from callgate.producer.async_producer import AsyncProducer
-from callgate.producer.frameworks import executor
-from callgate.producer.frameworks.executor import Parked, TurnExecutor
+from callgate.producer.frameworks import relay
+from callgate.producer.frameworks.relay import Parked, TurnRelay
 
-executor.require("agents", "openai-agents", __name__)
+relay.require("agents", "openai-agents", __name__)
 
 from agents import Agent, AgentHooks, FunctionTool, RunContextWrapper  # noqa: E402
 from agents.items import ModelResponse  # noqa: E402
@@ -54,13 +54,11 @@ class AgentsGate:
         producer: AsyncProducer,
         context: CallContext | Mapping[str, Any],
         *,
-        timeout: float = executor.DEFAULT_TIMEOUT_SECONDS,
+        timeout: float = relay.DEFAULT_TIMEOUT_SECONDS,
     ) -> None:
-        self.executor = TurnExecutor(producer, context, timeout=timeout)
+        self.relay = TurnRelay(producer, context, timeout=timeout)
         self.parked: dict[str, Parked] = {}
-        self.tools: list[FunctionTool] = [
-            self._function_tool(d) for d in self.executor.definitions()
-        ]
+        self.tools: list[FunctionTool] = [self._function_tool(d) for d in self.relay.definitions()]
         self._names = frozenset(t.name for t in self.tools)
         self.hooks: AgentHooks[Any] = _SubmitResponse(self)
 
@@ -73,25 +71,25 @@ class AgentsGate:
             if isinstance(item, ResponseFunctionToolCall) and item.name in self._names
         ]
         if calls:
-            await self.executor.submit(executor.proposals(calls))
+            await self.relay.submit(relay.proposals(calls))
 
     def _function_tool(self, definition: Mapping[str, Any]) -> FunctionTool:
         name = str(definition["name"])
 
         async def invoke(ctx: ToolContext[Any], arguments: str) -> str:
             await self._ensure_submitted(ctx.tool_call_id, name, arguments)
-            outcome = await self.executor.outcome(ctx.tool_call_id)
+            outcome = await self.relay.outcome(ctx.tool_call_id)
             if isinstance(outcome, Parked):
                 self.parked[outcome.call_id] = outcome
             else:
                 self.parked.pop(ctx.tool_call_id, None)
-            return executor.body_text(outcome)
+            return relay.body_text(outcome)
 
         async def needs_approval(
             ctx: RunContextWrapper[Any], arguments: dict[str, Any], call_id: str
         ) -> bool:
             await self._ensure_submitted(call_id, name, json.dumps(arguments))
-            outcome = await self.executor.outcome(call_id)
+            outcome = await self.relay.outcome(call_id)
             if isinstance(outcome, Parked):
                 self.parked[call_id] = outcome
                 return True
@@ -109,8 +107,8 @@ class AgentsGate:
         )
 
     async def _ensure_submitted(self, call_id: str, name: str, arguments: str) -> None:
-        if not self.executor.submitted(call_id):
-            await self.executor.submit(executor.proposals([(call_id, name, arguments)]))
+        if not self.relay.submitted(call_id):
+            await self.relay.submit(relay.proposals([(call_id, name, arguments)]))
 
 
 class _SubmitResponse(AgentHooks[Any]):

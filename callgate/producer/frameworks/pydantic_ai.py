@@ -28,10 +28,10 @@ from typing import Any
 from callgate.core.errors import InputError
 from callgate.core.types import CallContext
 from callgate.producer.async_producer import AsyncProducer
-from callgate.producer.frameworks import executor
-from callgate.producer.frameworks.executor import Finished, Parked, TurnExecutor
+from callgate.producer.frameworks import relay
+from callgate.producer.frameworks.relay import Done, Parked, TurnRelay
 
-executor.require("pydantic_ai", "pydantic-ai", __name__)
+relay.require("pydantic_ai", "pydantic-ai", __name__)
 
 from pydantic_ai import ApprovalRequired, RunContext, ToolFailed  # noqa: E402
 from pydantic_ai.messages import ModelResponse, ToolCallPart  # noqa: E402
@@ -59,12 +59,12 @@ class CallgateToolset(AbstractToolset[Any]):
         producer: AsyncProducer,
         context: CallContext | Mapping[str, Any],
         *,
-        timeout: float = executor.DEFAULT_TIMEOUT_SECONDS,
+        timeout: float = relay.DEFAULT_TIMEOUT_SECONDS,
         id: str | None = None,
     ) -> None:
-        self.executor = TurnExecutor(producer, context, timeout=timeout)
+        self.relay = TurnRelay(producer, context, timeout=timeout)
         self._id = id
-        self._definitions = {d["name"]: d for d in self.executor.definitions()}
+        self._definitions = {d["name"]: d for d in self.relay.definitions()}
 
     @property
     def id(self) -> str | None:
@@ -94,16 +94,16 @@ class CallgateToolset(AbstractToolset[Any]):
         call_id = ctx.tool_call_id
         if call_id is None:
             raise InputError(f"pydantic-ai called tool {name!r} without a tool call id")
-        if not self.executor.submitted(call_id):
-            await self.executor.submit(
-                executor.proposals(self._response_calls(ctx, call_id, name, tool_args))
+        if not self.relay.submitted(call_id):
+            await self.relay.submit(
+                relay.proposals(self._response_calls(ctx, call_id, name, tool_args))
             )
-        outcome = await self.executor.outcome(call_id)
+        outcome = await self.relay.outcome(call_id)
         if isinstance(outcome, Parked):
             raise ApprovalRequired(metadata=outcome.metadata)
-        if isinstance(outcome, Finished) and outcome.ok:
+        if isinstance(outcome, Done) and outcome.ok:
             return outcome.body
-        raise ToolFailed(executor.body_text(outcome))
+        raise ToolFailed(relay.body_text(outcome))
 
     def _response_calls(
         self, ctx: RunContext[Any], call_id: str, name: str, tool_args: dict[str, Any]

@@ -1,12 +1,14 @@
 """The MCP servers of one process, and the tools they offer now.
 
-``with_mcp_tools`` is the registry's hook: it starts (once per process) a connection to
-every configured server on the tool event loop, waits for each to be initialised and
-listed, and returns the registry with their tools added. The set is live: a server's
-``notifications/tools/list_changed``, or its restart, replaces its tools (each change a new
-version in the catalog) without restarting the worker. Roles a server's ``roles`` names are
-allowed the tools it offered at start; a tool that appears later must be named in
-``CALLGATE_ALLOWLIST``, or wait for the next start (discovery is not permission).
+``with_mcp_tools`` is the worker's hook (``callgate.worker.runtime.load_registry``; a
+producer never starts a server, it reads the catalogue workers publish): it starts (once per
+process) a connection to every configured server on the tool event loop, waits for each to
+be initialised and listed, and returns the registry with their tools added. The set is
+live: a server's ``notifications/tools/list_changed``, or its restart, replaces its tools
+(each change a new version in the catalog) without restarting the worker. Roles a
+server's ``roles`` names are allowed the tools it offered at start; a tool that appears
+later must be named in ``CALLGATE_ALLOWLIST``, or wait for the next start (discovery is not
+permission).
 """
 
 from __future__ import annotations
@@ -176,8 +178,9 @@ def close_all() -> None:
         hub.close()
 
 
-def with_mcp_tools(registry: Registry, settings: Settings) -> Registry:
-    """``registry`` with the tools of the servers ``CALLGATE_MCP_CONFIG`` names.
+def with_mcp_tools(registry: Registry, settings: Settings) -> tuple[Registry, dict[str, list[str]]]:
+    """``registry`` with the tools of the servers ``CALLGATE_MCP_CONFIG`` names, and the
+    names each server offered at start (the worker publishes them to the catalogue).
 
     Every server must answer at start: one that does not is ``invalid_configuration``
     naming it (a worker never starts with part of its tools missing).
@@ -193,7 +196,8 @@ def with_mcp_tools(registry: Registry, settings: Settings) -> Registry:
             f"{config.source}: mcpServers.{name} did not start: {why or 'no answer'}"
         )
     allowlist: dict[str, set[str]] = {r: set(n) for r, n in registry.allowlist.items()}
+    offered = {server: hub.tools_of(server) for server in config.servers}
     for server in config.servers.values():
         for role in server.roles:
-            allowlist.setdefault(role, set()).update(hub.tools_of(server.name))
-    return Registry(LiveTools(registry.tools, hub)).with_allowlist(allowlist)
+            allowlist.setdefault(role, set()).update(offered[server.name])
+    return Registry(LiveTools(registry.tools, hub)).with_allowlist(allowlist), offered

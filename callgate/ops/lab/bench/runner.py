@@ -32,7 +32,7 @@ from callgate.ops.lab.bench.services import Services
 from callgate.ops.lab.bench.stack import running
 
 # What a `callgate worker` runs at once when nothing says otherwise.
-DEFAULT_CONCURRENCY = Settings(None, None, None).worker_concurrency
+DEFAULT_CONCURRENCY = Settings().worker_concurrency
 
 SCENARIOS = ("noop", "write", "io")
 BASELINE = {

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 from sqlalchemy import Engine, text
@@ -65,7 +65,7 @@ def run(settings: Settings, *, workers: int, out: TextIO) -> bool:
         "CALLGATE_ALLOWLIST": "",
     }
     report = Report(out)
-    producer = Producer.from_env(replace(settings, tools=DEMO_TOOLS, allowlist=None))
+    producer = Producer.from_env(settings.replace(tools=DEMO_TOOLS, allowlist=None))
     try:
         with Stack(env=env, workers=workers):
             wait_for_workers(settings.require_redis(), settings.queue, workers)

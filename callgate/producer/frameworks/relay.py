@@ -2,11 +2,11 @@
 callgate turn, each call's outcome awaited, and each outcome said the way a model is shown it.
 
 A framework hands over the calls its model proposed (the framework's tool call id is the
-call id); ``TurnExecutor`` submits them through ``AsyncProducer`` with the server-trusted
+call id); ``TurnRelay`` submits them through ``AsyncProducer`` with the server-trusted
 ``CallContext`` it was made with, so the gate, the queue, the workers and every guarantee
 apply as for any other turn. A call ends in one of three outcomes:
 
-- ``Finished``: its terminal result. ``body`` is what the model sees, the same body every
+- ``Done``: its terminal result. ``body`` is what the model sees, the same body every
   provider adapter writes: the redacted, labelled data of a success, or ``{status, error:
   {code, details, retry_after_ms?}, trust}`` for a refusal or a failure.
 - ``Parked``: the gate parked it for a person's approval (``approval_required``), with the
@@ -51,7 +51,7 @@ NAME_SURFACE = "openai-chat"
 
 
 @dataclass(frozen=True)
-class Finished:
+class Done:
     """A call's terminal result."""
 
     result: Result
@@ -133,10 +133,10 @@ class Running:
         }
 
 
-Outcome = Finished | Parked | Running
+CallOutcome = Done | Parked | Running
 
 
-def body_text(outcome: Outcome) -> str:
+def body_text(outcome: CallOutcome) -> str:
     """An outcome's body as compact JSON text, for tool results that are strings."""
     return json.dumps(outcome.body, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
 
@@ -153,7 +153,7 @@ def as_context(context: object) -> CallContext:
         return context
     if not isinstance(context, Mapping):
         raise InputError(
-            "a framework executor needs the server-trusted CallContext (or its mapping), "
+            "a framework integration needs the server-trusted CallContext (or its mapping), "
             f"not {type(context).__name__}"
         )
     try:
@@ -174,8 +174,9 @@ def arguments_of(raw: object) -> dict[str, Any] | str:
     )
 
 
-class TurnExecutor:
-    """Submits a framework's tool calls through callgate for one principal and awaits them.
+class TurnRelay:
+    """Relays a framework's tool calls to callgate for one principal, and their outcomes
+    back: it submits and waits; callgate's workers run the calls.
 
     ``context`` is the server-trusted ``CallContext`` of the request (from your session,
     never from the model); the tools a model is shown are the registry's allowlist for its
@@ -191,7 +192,7 @@ class TurnExecutor:
     ) -> None:
         if not isinstance(producer, AsyncProducer):
             raise InputError(
-                f"a framework executor needs an AsyncProducer, not {type(producer).__name__}"
+                f"a framework integration needs an AsyncProducer, not {type(producer).__name__}"
             )
         self.producer = producer
         self.context = as_context(context)
@@ -217,7 +218,7 @@ class TurnExecutor:
     async def submit(self, calls: Sequence[ProposedCall]) -> Turn | None:
         """Record and enqueue ``calls`` as one turn (reads at once, writes in this order).
 
-        Calls already submitted (or being submitted) by this executor are left out; None when
+        Calls already submitted (or being submitted) by this relay are left out; None when
         none is left. Input errors (``invalid_input``, ``invalid_arguments_json``) come from
         ``AsyncProducer.submit`` and record nothing.
         """
@@ -250,30 +251,30 @@ class TurnExecutor:
 
     async def outcome(
         self, call_id: str, *, until_parked: bool = True, timeout: float | None = None
-    ) -> Outcome:
+    ) -> CallOutcome:
         """Wait for one submitted call: its result, or (``until_parked``) the moment it is
-        parked for approval, or ``timeout`` (default: the executor's) seconds."""
+        parked for approval, or ``timeout`` (default: the relay's) seconds."""
         submission = self._turn_of.get(call_id)
         if submission is None:
-            raise InputError(f"call {call_id!r} was not submitted through this executor")
+            raise InputError(f"call {call_id!r} was not submitted through this relay")
         watch = self._watch(await asyncio.shield(submission))
         wait = self.timeout if timeout is None else checked_timeout(timeout)
         result, approval_id = await watch.wait(call_id, until_parked=until_parked, timeout=wait)
         if result is not None:
-            return Finished(result)
+            return Done(result)
         tool_name = self._tool_of[call_id]
         if approval_id is None:
             return Running(call_id=call_id, tool_name=tool_name)
         impact = await self._impact(approval_id)
         return Parked(call_id=call_id, tool_name=tool_name, approval_id=approval_id, impact=impact)
 
-    async def run(self, calls: Sequence[ProposedCall]) -> list[Outcome]:
+    async def run(self, calls: Sequence[ProposedCall]) -> list[CallOutcome]:
         """Submit ``calls`` as one turn (if not yet) and wait until each has a result or is
         parked. A write behind a parked write cannot start before it: it is not waited for
         (``Running``)."""
         await self.submit(calls)
         registry = self.producer.producer.registry
-        outcomes: list[Outcome] = []
+        outcomes: list[CallOutcome] = []
         write_parked = False
         for call in calls:
             write = registry.kind_of(call.tool_name) == "write"

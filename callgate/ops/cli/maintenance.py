@@ -1,20 +1,20 @@
 """Operator commands: ``callgate reconcile`` (writes a person must settle) and
-``callgate prune`` (retention). Registered on the main CLI in ``callgate.ops.cli``."""
+``callgate prune`` (retention). Registered on the main CLI in ``callgate.ops.cli.main``."""
 
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import click
 from sqlalchemy import Engine
 
-from callgate.store import db
+from callgate.ops.cli.common import OPS_APPLICATION, load_settings, setting_option, table
+from callgate.store import db, reconciliation, retention
 
 
 def _engine() -> Engine:
-    from callgate.ops.cli import _settings
-
-    return db.create(_settings().require_database(), application_name="callgate-ops")
+    return db.create(load_settings().require_database(), application_name=OPS_APPLICATION)
 
 
 @click.group("reconcile")
@@ -36,15 +36,12 @@ def reconcile_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def reconcile_list_cmd(tenant: str | None, limit: int, as_json: bool) -> None:
     """Writes awaiting a person's decision, oldest first."""
-    from callgate.ops.cli import _table
-    from callgate.store import reconciliation
-
     with db.translate_errors("reconcile"):
         found = reconciliation.pending(_engine(), tenant=tenant, limit=limit)
     if as_json:
         click.echo(json.dumps(found))
         return
-    _table(
+    table(
         ["operation_id", "tenant_id", "tool_name", "idempotency_key", "age_seconds", "calls"],
         found,
     )
@@ -55,8 +52,6 @@ def reconcile_list_cmd(tenant: str | None, limit: int, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def reconcile_show_cmd(operation_id: str, as_json: bool) -> None:
     """One write awaiting reconciliation: its resource, idempotency key, calls and trace."""
-    from callgate.store import reconciliation
-
     with db.translate_errors("reconcile"):
         found = reconciliation.show(_engine(), operation_id)
     if as_json:
@@ -79,18 +74,10 @@ def reconcile_show_cmd(operation_id: str, as_json: bool) -> None:
     required=True,
     help="succeeded: the write applied downstream; failed: it did not.",
 )
-@click.option(
-    "--by",
-    "by",
-    envvar="CALLGATE_RECONCILER",
-    required=True,
-    help="Who settles it, recorded in the audit trace (env CALLGATE_RECONCILER).",
-)
+@setting_option("--by", "by", variable="CALLGATE_RECONCILER", required=True)
 @click.option("--note", default="", help="What you checked, kept with the outcome.")
 def reconcile_resolve_cmd(operation_id: str, outcome: str, by: str, note: str) -> None:
     """Record what the downstream shows for one write; once only."""
-    from callgate.store import reconciliation
-
     with db.translate_errors("reconcile"):
         settled = reconciliation.resolve(_engine(), operation_id, outcome=outcome, by=by, note=note)
     click.echo(f"reconciled {settled.operation_id} as {settled.outcome} by {settled.by}")
@@ -115,10 +102,6 @@ def prune_cmd(older_than: str, batch: int, dry_run: bool, as_json: bool) -> None
     reconciliation. A write retried with the same operation id after the window runs
     again as a new write: keep the window longer than any retry your application makes.
     """
-    from dataclasses import asdict
-
-    from callgate.store import retention
-
     seconds = retention.parse_duration(older_than)
     with db.translate_errors("prune"):
         pruned = retention.prune(_engine(), older_than=seconds, batch=batch, dry_run=dry_run)

@@ -1,0 +1,3 @@
+from callgate.ops.cli.main import main
+
+main()

@@ -1,0 +1,198 @@
+"""A turn from the command line: ``submit`` proposals or a provider's response, ``collect``
+its results, read its ``trace``; ``tools`` prints what a model may be shown."""
+
+from __future__ import annotations
+
+import json
+from typing import TextIO
+
+import click
+
+from callgate.core.errors import InputError, ServiceUnavailable
+from callgate.ops.cli.common import SURFACES, load_settings, read_json, table
+from callgate.producer import Producer, intake
+from callgate.producer.intake import NO_CALLS, redacted_trace, tool_definitions
+from callgate.producer.validation import check_timeout
+from callgate.store import db, tool_catalog, trace
+
+
+@click.command("submit")
+@click.option(
+    "--context",
+    "context_file",
+    required=True,
+    type=click.File("r"),
+    help="JSON file: {request_id, tenant_id, user_id, roles[, conversation_id]}.",
+)
+@click.option(
+    "--provider",
+    type=click.Choice(SURFACES),
+    default=None,
+    help="FILE is this API surface's raw response (or, with --stream, its list of stream "
+    "events); without it, FILE is a JSON list of {call_id, tool_name, arguments}.",
+)
+@click.option("--stream", is_flag=True, help="With --provider: FILE is a JSON list of events.")
+@click.option(
+    "--submit-key",
+    default=None,
+    help="Make the submit idempotent: the same key and proposals again print the turn the "
+    "first recorded, and record nothing; the same key with other proposals is "
+    "idempotency_conflict. Without it, a submit whose outcome is unknown names the key "
+    "to repeat with.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+@click.argument("proposals_file", type=click.File("r"), default="-")
+def submit_cmd(
+    context_file: TextIO,
+    provider: str | None,
+    stream: bool,
+    submit_key: str | None,
+    as_json: bool,
+    proposals_file: TextIO,
+) -> None:
+    """Record and enqueue a turn: proposals, or a provider's response (file or stdin).
+
+    A provider response is read completely before anything is recorded: a malformed one
+    is refused with its adapter code and nothing is written. A final answer with no tool
+    calls records nothing.
+    """
+    context = read_json(context_file, "context")
+    raw = read_json(proposals_file, "provider response" if provider else "proposals")
+    if not isinstance(context, dict):
+        raise InputError("context must be a JSON object {request_id, tenant_id, user_id, roles}")
+    if stream and not provider:
+        raise InputError("--stream needs --provider SURFACE")
+    producer = Producer.from_env()
+    try:
+        proposals = intake.proposals_from(
+            raw, provider=provider, stream=stream, known_tools=producer.registry.tools.keys()
+        )
+        if provider and not proposals:
+            _report_no_calls(as_json)
+            return
+        try:
+            turn = producer.submit(proposals, context, submit_key=submit_key)
+        except ServiceUnavailable as exc:
+            if exc.recorded is None and exc.submit_key is not None:
+                # The producer's words name its own parameter; a shell user repeats with
+                # the option.
+                raise ServiceUnavailable(
+                    "submit: cannot reach PostgreSQL while committing the turn: outcome "
+                    "unknown, the turn may be recorded. Run the same command again with "
+                    f"--submit-key {exc.submit_key}: it prints that turn, or records it once",
+                    code=exc.code,
+                    submit_key=exc.submit_key,
+                    recorded=None,
+                ) from exc
+            raise
+    finally:
+        producer.close()
+    answer = intake.submitted(turn)
+    if as_json:
+        click.echo(json.dumps(answer))
+        return
+    click.echo(f"turn {turn.turn_id}")
+    table(["call_id", "tool_name", "operation_id"], answer["calls"])
+
+
+def _report_no_calls(as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(NO_CALLS))
+    else:
+        click.echo("no tool calls: a final answer; nothing recorded")
+
+
+@click.command("collect")
+@click.argument("turn_id")
+@click.option(
+    "--timeout", default=10.0, show_default=True, help="Seconds to wait for the last result."
+)
+@click.option(
+    "--provider",
+    type=click.Choice(SURFACES),
+    default=None,
+    help="Print the results as this API surface's tool-result message (JSON), ready to "
+    "append to the conversation. Needs every result.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def collect_cmd(turn_id: str, timeout: float, provider: str | None, as_json: bool) -> None:
+    """Wait for a turn's results, joined by call id; name the calls still pending."""
+    check_timeout(timeout, "--timeout")
+    producer = Producer.from_env()
+    try:
+        collected = producer.collect(turn_id, timeout)
+    finally:
+        producer.close()
+    if provider:
+        click.echo(json.dumps(collected.provider_message(provider)))
+        return
+    doc = collected.as_json()
+    if as_json:
+        click.echo(json.dumps(doc))
+        return
+    click.echo(f"turn {doc['turn_id']}: {'complete' if doc['complete'] else 'INCOMPLETE'}")
+    rows = [
+        {
+            "call_id": r["call_id"],
+            "tool_name": r["tool_name"],
+            "status": r["status"],
+            "data | error": json.dumps(r.get("data") or r.get("error"))[:80],
+        }
+        for r in doc["results"]
+    ]
+    waiting = doc["awaiting_approval"]
+    rows += [
+        {
+            "call_id": c,
+            "tool_name": "",
+            "status": "awaiting_approval" if c in waiting else "pending",
+            "data | error": f"callgate approvals show {waiting[c]}" if c in waiting else "",
+        }
+        for c in doc["pending"]
+    ]
+    table(["call_id", "tool_name", "status", "data | error"], rows)
+
+
+@click.command("trace")
+@click.argument("turn_or_call")
+@click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
+def trace_cmd(turn_or_call: str, as_json: bool) -> None:
+    """Print the audit trace of a turn or a call (by its ref)."""
+    settings = load_settings()
+    engine = db.create(settings.require_database())
+    with db.translate_errors("trace"):
+        events = redacted_trace(trace.events(engine, turn_or_call))
+    if as_json:
+        click.echo(json.dumps(events, default=str))
+        return
+    table(
+        ["at", "call_id", "tool_name", "event", "generation", "detail"],
+        [{**e, "detail": json.dumps(e["detail"])} for e in events],
+    )
+
+
+@click.command("tools")
+@click.option(
+    "--role",
+    "roles",
+    multiple=True,
+    required=True,
+    help="A role of the principal (repeatable). Only its allowlist is printed.",
+)
+@click.option(
+    "--provider",
+    type=click.Choice(SURFACES),
+    default=None,
+    help="In this API surface's tool-schema form (default: neutral {name, description, "
+    "parameters}).",
+)
+def tools_cmd(roles: tuple[str, ...], provider: str | None) -> None:
+    """Print the tool definitions a model acting for these roles may be shown (JSON): the
+    catalogue workers publish in Postgres, or the registry CALLGATE_TOOLS names."""
+    settings = load_settings()
+    engine = db.create(settings.require_database(), application_name="callgate-tools")
+    try:
+        definitions = tool_catalog.for_producer(engine, settings).definitions_for(roles)
+    finally:
+        engine.dispose()
+    click.echo(json.dumps(tool_definitions(definitions, provider), indent=2))
