@@ -13,6 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 
+from rq import Worker
+
+from callgate.core.errors import ConfigurationError
+from callgate.queue import transport
+
 
 @dataclass
 class Stack:
@@ -128,8 +133,6 @@ class Stack:
 
 def check_ports_free(ports: Mapping[str, int], host: str = "0.0.0.0") -> None:
     """Refuse, with the first taken port, before any child starts."""
-    from callgate.core.errors import ConfigurationError
-
     for name, port in ports.items():
         with socket.socket() as s:
             try:
@@ -144,10 +147,6 @@ def check_ports_free(ports: Mapping[str, int], host: str = "0.0.0.0") -> None:
 
 def wait_for_workers(redis_url: str, queue: str, count: int, timeout: float = 30.0) -> None:
     """Block until ``count`` RQ workers listen on ``queue`` (they register on start)."""
-    from rq import Worker
-
-    from callgate.queue import transport
-
     connection = transport.connect(redis_url)
     q = transport.job_queue(connection, queue)
     deadline = time.monotonic() + timeout

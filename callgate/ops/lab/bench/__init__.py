@@ -5,27 +5,35 @@ the repeats; throughput comes from the systems' own timestamps (Postgres for cal
 job timestamps for bare RQ), never from the bench's clock. Correctness checks inside it
 (every call ended, one side effect per redelivered write) fail the bench when they do not
 hold.
+
+``suite.run`` is the whole bench, ``config.Config`` what it measures, ``procs.BenchError`` a
+result that cannot be trusted. This package imports none of its modules: each imports the
+others by name, so importing one never runs the rest.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from callgate.core.settings import Settings
-from callgate.ops.lab.bench import report
-from callgate.ops.lab.bench.config import Config
-from callgate.ops.lab.bench.procs import BenchError
-from callgate.ops.lab.bench.runner import Bench
-from callgate.ops.lab.bench.services import Services
+if TYPE_CHECKING:
+    from callgate.ops.lab.bench.config import Config as Config
+    from callgate.ops.lab.bench.procs import BenchError as BenchError
+    from callgate.ops.lab.bench.suite import run as run
 
-__all__ = ["BenchError", "Config", "run"]
+# Until the bench command imports ``suite``, ``config`` and ``procs`` itself (it lives in
+# callgate/ops/cli.py today and reads ``bench.run``, ``bench.Config``, ``bench.BenchError``):
+# resolved on first use, so importing this package still imports none of its modules.
+_MOVED = {
+    "run": ("callgate.ops.lab.bench.suite", "run"),
+    "Config": ("callgate.ops.lab.bench.config", "Config"),
+    "BenchError": ("callgate.ops.lab.bench.procs", "BenchError"),
+}
 
 
-def run(
-    settings: Settings, config: Config, out: Path, command: str
-) -> tuple[dict[str, Any], list[Path]]:
-    """Run the bench, write its files to ``out``; returns the results and the files."""
-    services = Services.prepare(settings)
-    result = Bench(config, services).run()
-    return result, report.write(out, result, command)
+def __getattr__(name: str) -> Any:
+    if name not in _MOVED:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    module, attribute = _MOVED[name]
+    return getattr(importlib.import_module(module), attribute)

