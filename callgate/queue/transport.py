@@ -21,7 +21,10 @@ from callgate.queue import rq_format
 
 log = logging.getLogger("callgate.transport")
 
-JOB_FUNCTION = "callgate.worker.jobs.run_call"
+# The job's function, as RQ records it: a label, not an importable function. callgate's
+# consumer reads only the call's ref (rq_format.call_ref); a plain `rq worker` pointed at
+# callgate's queue fails such a job, and the sweeper dispatches the call again from Postgres.
+JOB_FUNCTION = "callgate.call"
 RESULT_STREAM_TTL_SECONDS = 24 * 3600
 FAILED_JOB_TTL_SECONDS = 24 * 3600
 

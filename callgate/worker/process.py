@@ -51,7 +51,6 @@ def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> 
     # different definition already published under one of our versions stops the worker here
     # (tool_definition_conflict), rather than let producers plan with the other one.
     tool_catalog.publish(rt.engine, rt.registry, sources=rt.tool_sources)
-    runtime.install(rt)
     # Every tool's series exist from the start (at zero), so their first increment counts.
     metrics.declare_tools((t.name, t.kind) for t in rt.registry.tools.values())
     metrics.WORKER_CONCURRENCY.set(settings.worker_concurrency)

@@ -90,14 +90,3 @@ def load_registry(settings: Settings) -> tuple[tool_registry.Registry, dict[str,
     if settings.allowlist:
         registry = registry.with_allowlist(tool_registry.load_allowlist(settings.allowlist))
     return registry, sources
-
-
-_current: Runtime | None = None
-
-
-def install(rt: Runtime) -> None:
-    """Nothing reads it any more: the consumer is handed its runtime, and RQ's own worker
-    (which needed a process-wide one) no longer runs callgate's jobs. It goes once
-    worker/process.py stops calling it."""
-    global _current
-    _current = rt

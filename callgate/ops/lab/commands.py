@@ -12,8 +12,9 @@ import click
 
 from callgate.core.errors import ConfigurationError, InputError
 from callgate.ops.cli.common import apply_migrations, embedded_services, load_settings
-from callgate.ops.lab import bench
-from callgate.ops.lab.bench.config import FULL, QUICK
+from callgate.ops.lab.bench.config import FULL, QUICK, Config
+from callgate.ops.lab.bench.procs import BenchError
+from callgate.ops.lab.bench.suite import run as run_bench
 from callgate.ops.lab.demo import run as demo
 
 
@@ -108,7 +109,7 @@ def bench_cmd(
             "callgate bench draws its plots with matplotlib: pip install 'callgate[bench]'"
         ) from None
     preset = QUICK if quick else FULL
-    config = bench.Config(
+    config = Config(
         workers=_worker_counts(workers) if workers else preset["workers"],  # type: ignore[arg-type]
         calls=calls or preset["calls"],  # type: ignore[arg-type]
         repeat=repeat or preset["repeat"],  # type: ignore[arg-type]
@@ -117,8 +118,8 @@ def bench_cmd(
     )
     command = " ".join(["callgate", *sys.argv[1:]])
     try:
-        _, paths = bench.run(load_settings(), config, out, command)
-    except bench.BenchError as exc:
+        _, paths = run_bench(load_settings(), config, out, command)
+    except BenchError as exc:
         click.echo(f"callgate bench: FAILED: {exc}", err=True)
         sys.exit(1)
     click.echo((out / "bench.md").read_text())
