@@ -12,10 +12,12 @@ import click
 
 from callgate.core.errors import ConfigurationError, InputError
 from callgate.ops.cli.common import apply_migrations, embedded_services, load_settings
+from callgate.ops.flags import setting_option
 from callgate.ops.lab.bench.config import FULL, QUICK, Config
 from callgate.ops.lab.bench.procs import BenchError
 from callgate.ops.lab.bench.suite import run as run_bench
 from callgate.ops.lab.demo import run as demo
+from callgate.ops.lab.settings import BenchSettings  # noqa: F401  # declares the bench's variables
 
 
 @click.command("demo")
@@ -42,49 +44,33 @@ def demo_cmd(workers: int, data_dir: Path | None) -> None:
 
 
 @click.command("bench")
-@click.option(
-    "--quick",
-    is_flag=True,
-    envvar="CALLGATE_BENCH_QUICK",
-    help="Fewer calls, W = 1,2, one repeat: under two minutes (env CALLGATE_BENCH_QUICK).",
+@setting_option("--quick", variable="CALLGATE_BENCH_QUICK", is_flag=True)
+@setting_option(
+    "--out", variable="CALLGATE_BENCH_OUT", type=click.Path(path_type=Path, file_okay=False)
 )
-@click.option(
-    "--out",
-    type=click.Path(path_type=Path, file_okay=False),
-    envvar="CALLGATE_BENCH_OUT",
-    default=Path("bench-results"),
-    show_default=True,
-    help="Folder for bench.json, bench.md and the PNG plots (env CALLGATE_BENCH_OUT).",
-)
-@click.option(
+@setting_option(
     "--workers",
-    envvar="CALLGATE_BENCH_WORKERS",
-    default=None,
-    help="Worker counts to compare, e.g. 1,2,4 (default 1,2,4; --quick 1,2) "
-    "(env CALLGATE_BENCH_WORKERS).",
+    variable="CALLGATE_BENCH_WORKERS",
+    help="Worker counts to compare, e.g. 1,2,4 (default 1,2,4; --quick 1,2).",
 )
-@click.option(
+@setting_option(
     "--calls",
+    variable="CALLGATE_BENCH_CALLS",
     type=click.IntRange(min=20),
-    envvar="CALLGATE_BENCH_CALLS",
-    default=None,
-    help="Calls per throughput run (default 1000; --quick 60) (env CALLGATE_BENCH_CALLS).",
+    help="Calls per throughput run (default 1000; --quick 60).",
 )
-@click.option(
+@setting_option(
     "--repeat",
+    variable="CALLGATE_BENCH_REPEAT",
     type=click.IntRange(min=1),
-    envvar="CALLGATE_BENCH_REPEAT",
-    default=None,
-    help="Repeats; figures are medians (default 3; --quick 1) (env CALLGATE_BENCH_REPEAT).",
+    help="Repeats; figures are medians (default 3; --quick 1).",
 )
-@click.option(
+@setting_option(
     "--concurrency",
+    variable="CALLGATE_BENCH_CONCURRENCY",
     type=click.IntRange(min=1),
-    envvar="CALLGATE_BENCH_CONCURRENCY",
-    default=32,
-    show_default=True,
     help="Calls in flight per worker for the 100 ms tools and the memory figure, passed to "
-    "the workers as CALLGATE_WORKER_CONCURRENCY (env CALLGATE_BENCH_CONCURRENCY).",
+    "the workers as CALLGATE_WORKER_CONCURRENCY.",
 )
 def bench_cmd(
     quick: bool,

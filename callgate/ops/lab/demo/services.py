@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-import os
 import time
 from functools import cached_property
 
 from sqlalchemy import Engine
 
-from callgate.core.errors import ConfigurationError
 from callgate.core.settings import Settings
 from callgate.ops.lab.demo import delays as demo_delays
 from callgate.ops.lab.demo.downstream import Mail, Mailbox, Payments
+from callgate.ops.lab.settings import DemoSettings
 from callgate.store import db
 
-DEFAULT_APPROVAL_AMOUNT = 100_000
+DEFAULT_APPROVAL_AMOUNT: int = DemoSettings.model_fields["approval_amount"].default
 
 
 class DemoServices:
@@ -28,6 +27,11 @@ class DemoServices:
         return self._settings or Settings.from_env()
 
     @cached_property
+    def knobs(self) -> DemoSettings:
+        """The demo's variables, read on first use (tests set them per process)."""
+        return DemoSettings.from_env()
+
+    @cached_property
     def engine(self) -> Engine:
         # Its own engine: the downstream commits independently of the worker's transactions.
         return db.create(
@@ -38,7 +42,7 @@ class DemoServices:
 
     @cached_property
     def delays(self) -> demo_delays.Delays:
-        return demo_delays.parse(os.environ.get("CALLGATE_DEMO_DELAY_MS"))
+        return demo_delays.parse(self.knobs.delay_ms)
 
     @cached_property
     def payments(self) -> Payments:
@@ -54,14 +58,7 @@ class DemoServices:
 
     @cached_property
     def approval_amount(self) -> int:
-        raw = os.environ.get("CALLGATE_DEMO_APPROVAL_AMOUNT", "").strip()
-        if not raw:
-            return DEFAULT_APPROVAL_AMOUNT
-        if not raw.isdigit() or int(raw) < 1:
-            raise ConfigurationError(
-                f"CALLGATE_DEMO_APPROVAL_AMOUNT={raw!r}: expected a whole number >= 1"
-            )
-        return int(raw)
+        return self.knobs.approval_amount
 
     def pause(self, tool: str, which: int) -> None:
         seconds = self.delays.get(tool, (0.0, 0.0))[which]
