@@ -303,7 +303,12 @@ def call_ref(data: bytes | None) -> uuid.UUID | None:
 
 
 def dispatch_after_commit(
-    queue: Queue, refs: Sequence[uuid.UUID], *, timeout: float, who: str
+    queue: Queue,
+    refs: Sequence[uuid.UUID],
+    *,
+    timeout: float,
+    who: str,
+    log_failure: bool = True,
 ) -> ServiceUnavailable | None:
     """Enqueue calls that a committed statement made runnable and marked dispatched (a
     finish's successors, an approver's decision). The one way callgate does it.
@@ -311,12 +316,15 @@ def dispatch_after_commit(
     A Redis failure here is not the caller's: Postgres holds the calls as dispatched, and the
     sweeper enqueues them again once they have waited ``stale_seconds`` (a successor: its
     predecessor's grace). So it is logged and returned, never raised: raising would tell
-    the caller its committed change was lost, and a retry would find it already done."""
+    the caller its committed change was lost, and a retry would find it already done.
+    ``log_failure=False``: the caller tells a person itself (the CLI's one warning line)."""
     if not refs:
         return None
     try:
         enqueue_calls(queue, refs, timeout=timeout)
     except ServiceUnavailable as exc:
+        if not log_failure:
+            return exc
         log.warning(
             "%s: %d call(s) committed but not enqueued; the sweeper dispatches them: %s",
             who,

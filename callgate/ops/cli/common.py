@@ -209,7 +209,7 @@ def dispatch_after_decision(settings: Settings, refs: list[uuid.UUID]) -> None:
         left: CallgateError | None = exc
     else:
         left = transport.dispatch_after_commit(
-            queue, refs, timeout=settings.job_timeout_seconds, who="approvals"
+            queue, refs, timeout=settings.job_timeout_seconds, who="approvals", log_failure=False
         )
     if left is not None:  # the decision stands either way
         click.echo(
