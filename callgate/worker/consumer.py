@@ -98,8 +98,10 @@ class Consumer:
             self._slots.notify_all()
 
     def run(self) -> None:
-        self._registration.register_birth()  # type: ignore[no-untyped-call]
+        # Listed and alive before RQ sees us: whoever waits for a registered worker (the
+        # stack, an operator's `rq info`) finds its liveness key there too.
         self._liveness.start()
+        self._registration.register_birth()  # type: ignore[no-untyped-call]
         pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="call")
         next_heartbeat = time.monotonic() + REGISTRATION_HEARTBEAT_SECONDS
         try:
