@@ -58,6 +58,9 @@ class ErrorCode(StrEnum):
     # Input, configuration and infrastructure.
     INVALID_INPUT = "invalid_input"
     INVALID_CONFIGURATION = "invalid_configuration"
+    # The database's callgate schema is not the one this code ships (never migrated, behind,
+    # or ahead of it).
+    NOT_MIGRATED = "not_migrated"
     UNKNOWN_TURN = "unknown_turn"
     UNKNOWN_APPROVAL = "unknown_approval"
     APPROVAL_NOT_PENDING = "approval_not_pending"

@@ -23,6 +23,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any, Final, Literal, TextIO
+from urllib.parse import urlsplit
 
 ID_FIELDS: Final = ("turn_id", "call_id", "call_ref", "operation_id", "approval_id")
 # Bounded facts about an event; never a value a model or a tool produced.
@@ -43,6 +44,10 @@ EVENT_FIELDS: Final = (
 FIELDS: Final = ID_FIELDS + EVENT_FIELDS
 
 LogFormat = Literal["auto", "json", "text"]
+
+# The parent of the loggers of the processes' start and stop lines (``callgate.process.worker``
+# and its siblings).
+PROCESS_LOGGER: Final = "callgate.process"
 
 _NONE: Final[Mapping[str, Any]] = MappingProxyType({})
 _bound: contextvars.ContextVar[Mapping[str, Any]] = contextvars.ContextVar(
@@ -137,6 +142,21 @@ def configure(level: str, fmt: LogFormat = "auto", stream: TextIO | None = None)
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(level.upper())
+    # A process's start and stop lines are INFO, yet seen at the default WARNING: what a
+    # process serves is the first thing a person checks. ERROR and above hides them too.
+    lines = logging.getLogger(PROCESS_LOGGER)
+    lines.setLevel(logging.INFO if logging.INFO < root.level <= logging.WARNING else logging.NOTSET)
+
+
+def address(url: str) -> str:
+    """``host:port/path`` of a service URL, for a log line: never its user or password."""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or "localhost"
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "?"
+    return f"{host}{port}{parts.path}"
 
 
 def _is_tty(stream: TextIO) -> bool:

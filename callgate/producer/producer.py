@@ -34,7 +34,7 @@ from callgate.producer.fanin import (
 )
 from callgate.producer.planning import arguments_hash, plan
 from callgate.queue import transport
-from callgate.store import db, tool_catalog, turns
+from callgate.store import db, schema_version, tool_catalog, turns
 from callgate.tools import registry as tool_registry
 from callgate.tools.intent import canonical_json
 
@@ -156,6 +156,9 @@ class Producer:
         redis_connection: redis.Redis,
         registry: tool_registry.Catalog,
     ) -> None:
+        # Once, here, never per submit: an unmigrated database is refused before anything is
+        # written (from_env has already checked this engine, and it is not asked again).
+        schema_version.require_current(engine, "producer")
         self.settings = settings
         self.engine = engine
         self.redis = redis_connection
@@ -171,6 +174,7 @@ class Producer:
         settings = settings or Settings.from_env()
         engine = db.create(settings.require_database(), application_name="callgate-producer")
         try:
+            schema_version.require_current(engine, "producer")
             registry = tool_catalog.for_producer(engine, settings)
             redis_connection = transport.connect(settings.require_redis())
         except BaseException:

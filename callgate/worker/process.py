@@ -23,28 +23,28 @@ import threading
 from types import FrameType
 from typing import Any
 
-from sqlalchemy import text
-
+from callgate.core import logs
 from callgate.core.settings import Settings
 from callgate.daemons import sweeper
 from callgate.observe import metrics
 from callgate.queue import transport
-from callgate.store import db, tool_catalog
+from callgate.store import db, schema_version, tool_catalog
 from callgate.tools import redaction
+from callgate.tools import registry as tool_registry
 from callgate.worker import runtime
 from callgate.worker.consumer import Consumer
 
 log = logging.getLogger("callgate.worker")
+lines = logging.getLogger(f"{logs.PROCESS_LOGGER}.worker")
 
 
 def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> None:
     # Before anything can log: a handler's exception text is tool output (redacted).
     redaction.install_log_redaction()
     rt = runtime.Runtime.create(settings)
-    # Connect before taking jobs: a bad URL fails here, once, with a clear error, and the
-    # first job does not pay for connection setup.
-    with db.translate_errors("worker start"), db.autocommit(rt.engine) as conn:
-        conn.execute(text("SELECT 1"))
+    # Connect before taking jobs: a bad URL or an unmigrated database fails here, once, with
+    # a clear error, and the first job does not pay for connection setup.
+    schema_version.require_current(rt.engine, "worker start")
     with transport.translate_errors("worker start"):
         rt.redis.ping()
     # Producers plan and show tools from the catalogue: publish ours before taking a call. A
@@ -61,9 +61,11 @@ def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> 
         burst=burst,
         grace_seconds=settings.worker_grace_seconds,
     )
+    signalled: list[int] = []
     if threading.current_thread() is threading.main_thread():
 
         def on_term(signum: int, frame: FrameType | None) -> None:
+            signalled.append(signum)
             consumer.stop()
             _exit_after(settings.worker_grace_seconds + EXIT_SLACK_SECONDS)
 
@@ -71,22 +73,50 @@ def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> 
     stop_sweeping = threading.Event()
     if settings.worker_sweep:
         start_sweeping(settings, rt.queue.connection, stop_sweeping)
+    lines.info("%s", started(settings, consumer.name, rt.registry), extra={"worker": consumer.name})
+    why = "the queue was empty (--burst)"
     try:
         with transport.translate_errors("worker"):
             consumer.run()
     except KeyboardInterrupt:
+        why = "interrupted"
         if consumer.abandoned:  # Ctrl-C: a stop asked for, as SIGTERM is
             _exit_now(0)
         raise
     except BaseException:
+        why = "on an error"
         if consumer.abandoned:
             log.exception("worker stopped with %d call(s) in flight", consumer.abandoned)
             _exit_now(1)
         raise
     finally:
         stop_sweeping.set()
+        if signalled:
+            why = f"on {signal.Signals(signalled[0]).name}"
+        lines.info(
+            "worker %s stopped %s: ran %d call(s), %d left in flight",
+            consumer.name,
+            why,
+            consumer.done,
+            consumer.abandoned,
+            extra={"worker": consumer.name, "count": consumer.done},
+        )
     if consumer.abandoned:
         _exit_now(0)
+
+
+def started(settings: Settings, name: str, registry: tool_registry.Catalog) -> str:
+    """The start line: what this worker serves, and where; never a password."""
+    tools = ", ".join(
+        f"{t.name}@{t.version}" for t in sorted(registry.tools.values(), key=lambda t: t.name)
+    )
+    metrics_at = f"metrics on :{settings.metrics_port}" if settings.metrics_port else "no metrics"
+    return (
+        f"worker {name} started on queue {settings.queue!r}, concurrency "
+        f"{settings.worker_concurrency}, {len(registry.tools)} tool(s): {tools}; {metrics_at}; "
+        f"postgres {logs.address(settings.require_database())}, "
+        f"redis {logs.address(settings.require_redis())}"
+    )
 
 
 # After SIGTERM the process is gone this long after its grace period, whatever it is waiting

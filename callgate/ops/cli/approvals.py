@@ -10,6 +10,7 @@ from callgate.ops.cli.common import (
     BY,
     OPS_APPLICATION,
     TENANT,
+    checked_engine,
     dispatch_after_decision,
     load_settings,
     table,
@@ -42,7 +43,7 @@ def approvals_group() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def approvals_list_cmd(state: str, tenant: str, as_json: bool) -> None:
     """Approval requests of the tenant, oldest first."""
-    engine = db.create(load_settings().require_database(), application_name=OPS_APPLICATION)
+    engine = checked_engine(load_settings().require_database(), application_name=OPS_APPLICATION)
     with db.translate_errors("approvals"):
         found = approval_store.requests(
             engine, tenant=tenant, state=None if state == "all" else state
@@ -62,7 +63,7 @@ def approvals_list_cmd(state: str, tenant: str, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def approvals_show_cmd(approval_id: str, tenant: str, as_json: bool) -> None:
     """One request of the tenant with its full server-computed impact."""
-    engine = db.create(load_settings().require_database(), application_name=OPS_APPLICATION)
+    engine = checked_engine(load_settings().require_database(), application_name=OPS_APPLICATION)
     with db.translate_errors("approvals"):
         found = approval_store.show(engine, approval_id, tenant=tenant)
     if as_json:
@@ -88,7 +89,7 @@ def approvals_approve_cmd(approval_id: str, by: str, tenant: str) -> None:
     still succeeds and warns: the sweeper dispatches the resumed calls once Redis is back.
     """
     settings = load_settings()
-    engine = db.create(settings.require_database(), application_name=OPS_APPLICATION)
+    engine = checked_engine(settings.require_database(), application_name=OPS_APPLICATION)
     with db.translate_errors("approvals"):
         resumed = approval_store.approve(engine, approval_id, by=by, tenant=tenant)
     click.echo(f"approved {approval_id} by {by.strip()}; {len(resumed)} call(s) resumed")
@@ -102,7 +103,7 @@ def approvals_approve_cmd(approval_id: str, by: str, tenant: str) -> None:
 def approvals_deny_cmd(approval_id: str, by: str, tenant: str) -> None:
     """Refuse a pending request; its calls end with approval_denied."""
     settings = load_settings()
-    engine = db.create(settings.require_database(), application_name=OPS_APPLICATION)
+    engine = checked_engine(settings.require_database(), application_name=OPS_APPLICATION)
     with db.translate_errors("approvals"):
         finished = approval_store.deny(engine, approval_id, by=by, tenant=tenant)
     click.echo(

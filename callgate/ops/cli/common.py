@@ -15,6 +15,7 @@ from typing import Any, TextIO
 
 import click
 from prometheus_client import REGISTRY
+from sqlalchemy import Engine
 
 from callgate.core import logs, values
 from callgate.core.errors import CallgateError, ConfigurationError, InputError, JSONValueError
@@ -22,7 +23,7 @@ from callgate.core.settings import Settings, metrics_port
 from callgate.observe import gauges, metrics
 from callgate.ops.flags import setting_option
 from callgate.queue import transport
-from callgate.store import db
+from callgate.store import db, schema_version
 from callgate.store import migrate as migrations
 from callgate.tools import redaction
 
@@ -37,6 +38,18 @@ DEMO_DOWNSTREAM = "demo"
 
 def load_settings() -> Settings:
     return Settings.from_env()
+
+
+def checked_engine(url: str, application_name: str) -> Engine:
+    """An engine on a database at this callgate's schema revision; ``not_migrated`` (one
+    line, exit 2) when it is not, rather than a traceback from the first statement."""
+    engine = db.create(url, application_name=application_name)
+    try:
+        schema_version.require_current(engine, application_name)
+    except BaseException:
+        engine.dispose()
+        raise
+    return engine
 
 
 def port_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:

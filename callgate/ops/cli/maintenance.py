@@ -9,13 +9,13 @@ from dataclasses import asdict
 import click
 from sqlalchemy import Engine
 
-from callgate.ops.cli.common import OPS_APPLICATION, load_settings, table
+from callgate.ops.cli.common import OPS_APPLICATION, checked_engine, load_settings, table
 from callgate.ops.flags import setting_option
 from callgate.store import db, reconciliation, retention
 
 
 def _engine() -> Engine:
-    return db.create(load_settings().require_database(), application_name=OPS_APPLICATION)
+    return checked_engine(load_settings().require_database(), OPS_APPLICATION)
 
 
 @click.group("reconcile")

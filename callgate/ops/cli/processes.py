@@ -3,16 +3,21 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import click
 
-from callgate.core.settings import MAX_WORKER_CONCURRENCY
+from callgate.core import logs
+from callgate.core.settings import MAX_WORKER_CONCURRENCY, Settings
 from callgate.daemons import relayer, sweeper
 from callgate.observe import metrics
 from callgate.ops.cli.common import (
     METRICS_PORT,
     apply_migrations,
+    checked_engine,
     embedded_services,
     load_settings,
     port_option,
@@ -27,7 +32,6 @@ from callgate.ops.cli.common import (
 from callgate.ops.flags import setting_option
 from callgate.ops.stack import Stack, check_ports_free
 from callgate.queue import transport
-from callgate.store import db
 from callgate.tools import registry
 
 
@@ -94,11 +98,19 @@ def relayer_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
     """
     settings = with_metrics(load_settings(), metrics_port, state_metrics)
     url = settings.require_database()
+    engine = checked_engine(url, "callgate-relayer")
     serve_metrics(settings, state_default=False)
     delay = settings.relayer_mark_delay_ms / 1000
-    with quiet_interrupt(), stop_on_term() as stop:
+    lines = logging.getLogger(f"{logs.PROCESS_LOGGER}.relayer")
+    lines.info(
+        "relayer started on queue %r, batch %d; %s",
+        settings.queue,
+        settings.relayer_batch,
+        _where(settings),
+    )
+    with _stop_line(lines, "relayer"), quiet_interrupt(), stop_on_term() as stop:
         relayer.run(
-            db.create(url, application_name="callgate-relayer"),
+            engine,
             transport.connect(settings.require_redis()),
             url,
             queue=settings.queue,
@@ -119,12 +131,21 @@ def sweeper_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
     --no-state-metrics.
     """
     settings = with_metrics(load_settings(), metrics_port, state_metrics)
+    engine = checked_engine(settings.require_database(), "callgate-sweeper")
     metrics.declare_sweeper()
     serve_metrics(settings, state_default=True)
     connection = transport.connect(settings.require_redis())
-    with quiet_interrupt(), stop_on_term() as stop:
+    lines = logging.getLogger(f"{logs.PROCESS_LOGGER}.sweeper")
+    lines.info(
+        "sweeper started on queue %r, every %gs, stale after %gs; %s",
+        settings.queue,
+        settings.sweep_seconds,
+        settings.stale_seconds,
+        _where(settings),
+    )
+    with _stop_line(lines, "sweeper"), quiet_interrupt(), stop_on_term() as stop:
         sweeper.run(
-            db.create(settings.require_database(), application_name="callgate-sweeper"),
+            engine,
             transport.job_queue(connection, settings.queue),
             interval=settings.sweep_seconds,
             stale_seconds=settings.stale_seconds,
@@ -133,6 +154,25 @@ def sweeper_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
             max_dispatches=settings.max_dispatches,
             stop=stop,
         )
+
+
+def _where(settings: Settings) -> str:
+    metrics_at = f"metrics on :{settings.metrics_port}" if settings.metrics_port else "no metrics"
+    return (
+        f"{metrics_at}; postgres {logs.address(settings.require_database())}, "
+        f"redis {logs.address(settings.require_redis())}"
+    )
+
+
+@contextmanager
+def _stop_line(lines: logging.Logger, what: str) -> Iterator[None]:
+    """One line when the process stops, saying why: a signal (SIGTERM, Ctrl-C) or an error."""
+    why = "on an error"
+    try:
+        yield
+        why = "on a signal"
+    finally:
+        lines.info("%s stopped %s", what, why)
 
 
 @click.command("up")

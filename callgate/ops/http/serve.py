@@ -8,7 +8,7 @@ import click
 
 from callgate.core.errors import ConfigurationError
 from callgate.core.settings import Settings
-from callgate.store import api_keys, db
+from callgate.store import api_keys, db, schema_version
 
 
 @click.command("api")
@@ -47,8 +47,8 @@ def api_cmd(host: str | None, port: int | None) -> None:
     settings = Settings.from_env()
     if settings.tools:  # else the tools come from the catalogue workers publish
         registry.load_catalog(settings.tools)  # refuse a bad one before listening
-    settings.require_database()
     settings.require_redis()
+    schema_version.require_current_at(settings.require_database(), "api start")
     api = ApiSettings.from_env().with_address(host, port)
     http_server.run(
         create_app(settings, api),
