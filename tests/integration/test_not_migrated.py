@@ -19,7 +19,6 @@ from callgate.core.settings import Settings
 from callgate.producer import AsyncProducer, Producer
 from callgate.store import db, migrate, schema_version
 
-
 TOOLS = "callgate.ops.lab.demo.tools:demo_registry"
 COMMANDS = {
     "worker": ["worker"],

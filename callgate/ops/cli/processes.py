@@ -102,13 +102,14 @@ def relayer_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
     serve_metrics(settings, state_default=False)
     delay = settings.relayer_mark_delay_ms / 1000
     lines = logging.getLogger(f"{logs.PROCESS_LOGGER}.relayer")
-    lines.info(
-        "relayer started on queue %r, batch %d; %s",
-        settings.queue,
-        settings.relayer_batch,
-        _where(settings),
-    )
     with _stop_line(lines, "relayer"), quiet_interrupt(), stop_on_term() as stop:
+        # Once SIGTERM is ours: whoever saw this line may stop the process cleanly.
+        lines.info(
+            "relayer started on queue %r, batch %d; %s",
+            settings.queue,
+            settings.relayer_batch,
+            _where(settings),
+        )
         relayer.run(
             engine,
             transport.connect(settings.require_redis()),
@@ -136,14 +137,15 @@ def sweeper_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
     serve_metrics(settings, state_default=True)
     connection = transport.connect(settings.require_redis())
     lines = logging.getLogger(f"{logs.PROCESS_LOGGER}.sweeper")
-    lines.info(
-        "sweeper started on queue %r, every %gs, stale after %gs; %s",
-        settings.queue,
-        settings.sweep_seconds,
-        settings.stale_seconds,
-        _where(settings),
-    )
     with _stop_line(lines, "sweeper"), quiet_interrupt(), stop_on_term() as stop:
+        # Once SIGTERM is ours: whoever saw this line may stop the process cleanly.
+        lines.info(
+            "sweeper started on queue %r, every %gs, stale after %gs; %s",
+            settings.queue,
+            settings.sweep_seconds,
+            settings.stale_seconds,
+            _where(settings),
+        )
         sweeper.run(
             engine,
             transport.job_queue(connection, settings.queue),
