@@ -18,7 +18,13 @@ from prometheus_client import REGISTRY
 from sqlalchemy import Engine
 
 from callgate.core import logs, values
-from callgate.core.errors import CallgateError, ConfigurationError, InputError, JSONValueError
+from callgate.core.errors import (
+    CallgateError,
+    ConfigurationError,
+    InputError,
+    JSONValueError,
+    ServiceUnavailable,
+)
 from callgate.core.settings import Settings, metrics_port
 from callgate.observe import gauges, metrics
 from callgate.ops.flags import setting_option
@@ -46,6 +52,10 @@ def checked_engine(url: str, application_name: str) -> Engine:
     engine = db.create(url, application_name=application_name)
     try:
         schema_version.require_current(engine, application_name)
+    except ServiceUnavailable:
+        # Unreachable is the command's own to report: it reconnects for a while and then
+        # says what may have become of its decision, which this check cannot know.
+        pass
     except BaseException:
         engine.dispose()
         raise
