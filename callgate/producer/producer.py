@@ -157,8 +157,9 @@ class Producer:
         registry: tool_registry.Catalog,
     ) -> None:
         # Once, here, never per submit: an unmigrated database is refused before anything is
-        # written (from_env has already checked this engine, and it is not asked again).
-        schema_version.require_current(engine, "producer")
+        # written (from_env has already checked this engine, and it is not asked again). The
+        # connection is not kept: submit's first statement opens its own, as it always did.
+        schema_version.require_current(engine, "producer", pooled=False)
         self.settings = settings
         self.engine = engine
         self.redis = redis_connection

@@ -54,11 +54,14 @@ def problem(current: str | None, known: Sequence[str]) -> str | None:
     )
 
 
-def current_revision(engine: Engine) -> str | None:
-    """The revision Alembic recorded in the callgate schema; None when there is none."""
+def current_revision(engine: Engine, *, pooled: bool = True) -> str | None:
+    """The revision Alembic recorded in the callgate schema; None when there is none. With
+    ``pooled=False`` the connection is closed after, not kept in the engine's pool."""
     try:
         with db.autocommit(engine) as conn:
             rows = conn.execute(text(f"SELECT version_num FROM {SCHEMA}.alembic_version")).all()
+            if not pooled:
+                conn.invalidate()
     except ProgrammingError as exc:
         if isinstance(exc.orig, psycopg.errors.UndefinedTable | psycopg.errors.InvalidSchemaName):
             return None
@@ -66,14 +69,14 @@ def current_revision(engine: Engine) -> str | None:
     return max((str(r[0]) for r in rows), default=None)
 
 
-def require_current(engine: Engine, what: str) -> None:
+def require_current(engine: Engine, what: str, *, pooled: bool = True) -> None:
     """Raise ``not_migrated`` unless the database is at this code's head revision; a
     database that cannot be reached raises ``database_unavailable`` as any statement would.
     Once per engine."""
     if engine in _current:
         return
     with db.translate_errors(what):
-        current = current_revision(engine)
+        current = current_revision(engine, pooled=pooled)
     known = shipped()
     message = problem(current, known)
     if message is not None:
