@@ -74,6 +74,11 @@ def delivered(call: CallRecord, tool: str, outcome: DeliveryOutcome) -> Delivery
     return outcome
 
 
+def parked(call: CallRecord, tool: str, approval_id: Any) -> None:
+    """The call now awaits an approver's decision (``awaiting_approval``)."""
+    _event(logging.INFO, "awaiting_approval", call, tool, approval_id=approval_id)
+
+
 def reserved(call: CallRecord, tool: str, generation: int, takeover: bool, since: float) -> None:
     """The operation is this delivery's at ``generation``: the gate's verdict was to run."""
     metrics.gate_verdict(tool, time.monotonic() - since)

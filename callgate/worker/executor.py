@@ -271,6 +271,8 @@ def _settle_approval(
     d.audit["approval"] = {"approval_id": str(settled.approval_id), "version": settled.version}
     if settled.state == "pending":
         d.verdicts["approval"] = "pending"
+        if settled.parked:  # one record per state change: only the delivery that parked it
+            events.parked(call, tool.name, settled.approval_id)
         return (
             DeliveryOutcome.AWAITING_APPROVAL
             if settled.parked
