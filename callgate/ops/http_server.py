@@ -92,9 +92,12 @@ def run(
     header_timeout: float,
     keep_alive: int,
     on_started: Callable[[], None] | None = None,
+    on_stopped: Callable[[], None] | None = None,
 ) -> None:
     """Serve ``app`` with uvicorn, its head and keep-alive timeouts set; ``on_started`` runs
-    once the socket is bound and the app started (never when either failed)."""
+    once the socket is bound and the app started (never when either failed), ``on_stopped``
+    once a started server shut down (uvicorn raises SIGTERM again after ``run`` returns, so
+    nothing after ``run`` would be reached)."""
     import uvicorn
 
     config = uvicorn.Config(
@@ -118,6 +121,11 @@ def run(
             await super().startup(sockets=sockets)
             if self.started and not self.should_exit and on_started is not None:
                 on_started()
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets=sockets)
+            if on_stopped is not None:
+                on_stopped()
 
     server = Server(config)
     with contextlib.suppress(KeyboardInterrupt):

@@ -76,8 +76,7 @@ def api_cmd(host: str | None, port: int | None, metrics_at: int | None) -> None:
 
     def started() -> None:
         log.info(
-            "api listening on http://%s:%d (metrics %s, auth: API keys as Authorization: "
-            "Bearer, queue %s)",
+            "api listening on http://%s:%d (metrics %s, auth api-key, queue %s)",
             api.host,
             api.port,
             f"on {settings.metrics_host}:{settings.metrics_port}"
@@ -94,8 +93,8 @@ def api_cmd(host: str | None, port: int | None, metrics_at: int | None) -> None:
         header_timeout=api.header_timeout,
         keep_alive=api.keep_alive,
         on_started=started,
+        on_stopped=lambda: log.info("api stopped", extra={"event": "api_stopped"}),
     )
-    log.info("api stopped", extra={"event": "api_stopped"})
 
 
 @click.group("keys")
