@@ -79,7 +79,7 @@ def test_each_process_serves_only_the_families_it_moves(stack: Stack) -> None:
     worker, relayer, sweeper = (
         callgate_families(ports[n]) for n in ("worker-1", "relayer", "sweeper")
     )
-    assert WORKER_ONLY <= worker
+    assert worker >= WORKER_ONLY
     # A worker sweeps too by default (CALLGATE_WORKER_SWEEP), so it serves the sweeper's.
     assert "callgate_sweeper_redispatches" in worker
     assert not WORKER_ONLY & sweeper, sweeper
