@@ -12,6 +12,11 @@ Labels are bounded: ``tool`` (a registered tool's name; see ``tool_label``), ``k
 ``layer`` (a gate layer), ``reason`` and ``outcome`` (fixed sets). Never a tenant, turn,
 call or operation id: those belong to the trace and the logs.
 
+Each process serves only the families it moves (``ROLE_FAMILIES``, ``registry_for``): a
+sweeper's /metrics has no worker gauge reading 0, so "in flight = concurrency" is never
+trivially true on a process that runs no calls. The metric objects themselves are shared and
+stay in prometheus-client's default registry (a library producer, and tests, read them there).
+
 The gauges read from Postgres and Redis (open calls, outbox lag, reconciliation,
 approvals, queue depth) are in ``callgate.observe.gauges``; only the processes asked to serve them
 do (the sweeper by default).
@@ -26,6 +31,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Final
 
 from prometheus_client import (
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
     REGISTRY,
     CollectorRegistry,
     Counter,
@@ -34,6 +42,7 @@ from prometheus_client import (
     disable_created_metrics,
 )
 from prometheus_client import start_http_server as _start_http_server
+from prometheus_client.registry import Collector
 
 from callgate.core.errors import ConfigurationError
 
@@ -227,6 +236,62 @@ WORKER_IN_FLIGHT = Gauge(
     "callgate_worker_calls_in_flight",
     "Calls this worker process is running now.",
 )
+
+
+# --- which process serves which family ------------------------------------------------------
+
+# What a producer moves, in whichever process it runs (an application embedding it, the API).
+_PRODUCER: Final = (CALLS_PROPOSED, FANIN_SECONDS)
+
+# The families each kind of process moves, and so serves. A worker also sweeps by default
+# (CALLGATE_WORKER_SWEEP): it then serves the sweeper's families too. The approval requests
+# are the worker's (its gate parks a call); the decisions are whoever decides: the API's, or
+# the one-shot ``callgate approvals`` command's, which serves nothing.
+ROLE_FAMILIES: Final[Mapping[str, tuple[Collector, ...]]] = {
+    "producer": _PRODUCER,
+    "api": (*_PRODUCER, APPROVALS),
+    "worker": (
+        CALLS_TAKEN,
+        HANDLER_INVOCATIONS,
+        SIDE_EFFECTS,
+        WRITE_OPERATIONS,
+        RESULTS_REUSED,
+        IDEMPOTENCY_CONFLICTS,
+        STALE_FENCE_REJECTIONS,
+        STALE_COMPLETIONS,
+        LEASE_TAKEOVERS,
+        RETRIES,
+        GATE_REFUSALS,
+        APPROVALS,
+        RESULTS,
+        DUPLICATE_DELIVERIES,
+        GATE_SECONDS,
+        QUEUE_WAIT_SECONDS,
+        EXECUTION_SECONDS,
+        WORKER_CONCURRENCY,
+        WORKER_IN_FLIGHT,
+    ),
+    "relayer": (OUTBOX_PUBLISHED, OUTBOX_REPUBLISHED, RELAY_SECONDS),
+    # A write operation the sweeper ends reconciliation_pending is counted by the sweeper.
+    "sweeper": (SWEEPER_REDISPATCHES, SWEEPER_EXHAUSTED, WRITE_OPERATIONS),
+}
+ROLES: Final = tuple(ROLE_FAMILIES)
+
+
+def registry_for(*roles: str) -> CollectorRegistry:
+    """A registry of the families ``roles`` move (and the process's own: CPU, memory, GC),
+    for one process's /metrics. The metric objects are the shared ones: a count made
+    anywhere in the process is in every registry that holds its family."""
+    unknown = set(roles) - set(ROLES)
+    if unknown:
+        raise ValueError(f"not a process role: {sorted(unknown)}")
+    registry = CollectorRegistry()
+    chosen: list[Collector] = [PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR]
+    for role in roles:
+        chosen += [m for m in ROLE_FAMILIES[role] if m not in chosen]
+    for collector in chosen:
+        registry.register(collector)
+    return registry
 
 
 # --- one line per event site -----------------------------------------------------------------

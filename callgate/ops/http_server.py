@@ -16,13 +16,20 @@ guard.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 log = logging.getLogger("callgate.http")
+
+# uvicorn.run's exit code when the server did not start (its own constant is not importable:
+# uvicorn.main is the click command).
+STARTUP_FAILURE = 3
 
 # h11's own cap on a request head (bytes): a bigger one is answered 400.
 MAX_HEAD_BYTES = 16 * 1024
@@ -77,11 +84,23 @@ def protocol(header_timeout: float) -> type[HeaderTimeoutH11]:
     return type("HeaderTimeoutH11", (HeaderTimeoutH11,), {"header_timeout": header_timeout})
 
 
-def run(app: Any, *, host: str, port: int, header_timeout: float, keep_alive: int) -> None:
-    """Serve ``app`` with uvicorn, its head and keep-alive timeouts set."""
+def run(
+    app: Any,
+    *,
+    host: str,
+    port: int,
+    header_timeout: float,
+    keep_alive: int,
+    on_started: Callable[[], None] | None = None,
+    on_stopped: Callable[[], None] | None = None,
+) -> None:
+    """Serve ``app`` with uvicorn, its head and keep-alive timeouts set; ``on_started`` runs
+    once the socket is bound and the app started (never when either failed), ``on_stopped``
+    once a started server shut down (uvicorn raises SIGTERM again after ``run`` returns, so
+    nothing after ``run`` would be reached)."""
     import uvicorn
 
-    uvicorn.run(
+    config = uvicorn.Config(
         app,
         host=host,
         port=port,
@@ -89,9 +108,28 @@ def run(app: Any, *, host: str, port: int, header_timeout: float, keep_alive: in
         timeout_keep_alive=keep_alive,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         log_level="warning",
+        # callgate writes its own line per request (callgate/ops/http/access.py).
         access_log=False,
         # The console's cookie is Secure when the request is HTTPS; behind a proxy that
         # terminates TLS, uvicorn takes the scheme from X-Forwarded-Proto of trusted proxies
         # (FORWARDED_ALLOW_IPS, default 127.0.0.1).
         proxy_headers=True,
     )
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started and not self.should_exit and on_started is not None:
+                on_started()
+
+        async def shutdown(self, sockets: Any = None) -> None:
+            await super().shutdown(sockets=sockets)
+            if on_stopped is not None:
+                on_stopped()
+
+    server = Server(config)
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run()
+    if not server.started:
+        # uvicorn logged why (the app's start-up failed, or the address is taken).
+        sys.exit(STARTUP_FAILURE)

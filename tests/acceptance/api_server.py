@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,12 @@ class ApiServer:
     proc: subprocess.Popen[bytes]
     port: int
     env: dict[str, str]
+    # Everything the process wrote to stderr, read as it comes: the API logs a line per
+    # request, and an unread pipe would fill and stop the server mid-test.
+    lines: list[str]
+
+    def stderr(self) -> str:
+        return "".join(self.lines)
 
     @property
     def url(self) -> str:
@@ -53,11 +60,15 @@ def start_api(env: dict[str, str]) -> ApiServer:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
     )
-    server = ApiServer(proc, port, env)
+    lines: list[str] = []
+    reader = threading.Thread(target=_drain, args=(proc, lines), daemon=True)
+    reader.start()
+    server = ApiServer(proc, port, env, lines)
     deadline = time.monotonic() + 60  # a loaded machine imports slowly
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            err = proc.stderr.read().decode() if proc.stderr else ""
+            reader.join(5)
+            err = server.stderr()
             raise AssertionError(f"callgate api exited {proc.returncode}: {err}")
         try:
             if httpx.get(f"{server.url}/healthz", timeout=1).status_code == 200:
@@ -67,6 +78,12 @@ def start_api(env: dict[str, str]) -> ApiServer:
         time.sleep(0.1)
     server.stop()
     raise AssertionError("callgate api did not answer /healthz within 60 s")
+
+
+def _drain(proc: subprocess.Popen[bytes], lines: list[str]) -> None:
+    assert proc.stderr is not None
+    for line in proc.stderr:
+        lines.append(line.decode(errors="replace"))
 
 
 def make_key(env: dict[str, str], tenant: str, user: str, *roles: str, **extra: Any) -> Any:

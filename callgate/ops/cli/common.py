@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import click
-from prometheus_client import REGISTRY
 from sqlalchemy import Engine
 
 from callgate.core import logs, values
@@ -100,13 +99,19 @@ def with_metrics(settings: Settings, port: int | None, state: bool | None) -> Se
     return settings.replace(**changes) if changes else settings
 
 
-def serve_metrics(settings: Settings, *, state_default: bool) -> None:
-    """Serve /metrics if a port is set; with the state gauges if asked (or by default)."""
+def serve_metrics(settings: Settings, *, role: str, state_default: bool) -> None:
+    """Serve /metrics if a port is set: the families a ``role`` process moves (a worker
+    that also sweeps serves the sweeper's too), with the state gauges if asked (or by
+    default)."""
     if not settings.metrics_port:
         return
+    roles = [role]
+    if role == "worker" and settings.worker_sweep:
+        roles.append("sweeper")
+    registry = metrics.registry_for(*roles)
     if settings.state_metrics if settings.state_metrics is not None else state_default:
         connection = transport.connect(settings.require_redis())
-        REGISTRY.register(
+        registry.register(
             gauges.StateCollector(
                 db.create(
                     settings.require_database(), pool_size=1, application_name="callgate-metrics"
@@ -116,7 +121,7 @@ def serve_metrics(settings: Settings, *, state_default: bool) -> None:
                 window_seconds=gauges.recovery_window(settings),
             )
         )
-    metrics.serve(settings.metrics_port, settings.metrics_host)
+    metrics.serve(settings.metrics_port, settings.metrics_host, registry)
 
 
 def setup_logging(level: str, fmt: logs.LogFormat = "auto") -> None:

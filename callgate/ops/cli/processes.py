@@ -83,7 +83,7 @@ def worker_cmd(
     settings = with_metrics(load_settings(), metrics_port, state_metrics)
     if concurrency is not None:
         settings = settings.replace(worker_concurrency=concurrency)
-    serve_metrics(settings, state_default=False)
+    serve_metrics(settings, role="worker", state_default=False)
     with quiet_interrupt():
         process.run(settings, burst=burst, name=name)
 
@@ -99,7 +99,7 @@ def relayer_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
     settings = with_metrics(load_settings(), metrics_port, state_metrics)
     url = settings.require_database()
     engine = checked_engine(url, "callgate-relayer")
-    serve_metrics(settings, state_default=False)
+    serve_metrics(settings, role="relayer", state_default=False)
     delay = settings.relayer_mark_delay_ms / 1000
     lines = logging.getLogger(f"{logs.PROCESS_LOGGER}.relayer")
     with _stop_line(lines, "relayer"), quiet_interrupt(), stop_on_term() as stop:
@@ -134,7 +134,7 @@ def sweeper_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
     settings = with_metrics(load_settings(), metrics_port, state_metrics)
     engine = checked_engine(settings.require_database(), "callgate-sweeper")
     metrics.declare_sweeper()
-    serve_metrics(settings, state_default=True)
+    serve_metrics(settings, role="sweeper", state_default=True)
     connection = transport.connect(settings.require_redis())
     lines = logging.getLogger(f"{logs.PROCESS_LOGGER}.sweeper")
     with _stop_line(lines, "sweeper"), quiet_interrupt(), stop_on_term() as stop:

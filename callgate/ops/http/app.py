@@ -18,6 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from callgate.core.errors import ErrorCode, InputError
 from callgate.core.settings import Settings
 from callgate.ops.http import console, problems, routes
+from callgate.ops.http.access import AccessLog
 from callgate.ops.http.auth import RateLimiter, WaitSlots
 from callgate.ops.http.settings import SMALL_BODY_BYTES, ApiSettings
 from callgate.producer import Producer
@@ -229,7 +230,7 @@ def create_app(settings: Settings, api: ApiSettings) -> FastAPI:
 
     def stack() -> ASGIApp:
         limited = BodyLimit(build_stack(), submit_limit=api.max_body)
-        return SecurityHeaders(limited, docs_path="/docs" if api.docs else None)
+        return AccessLog(SecurityHeaders(limited, docs_path="/docs" if api.docs else None))
 
     app.build_middleware_stack = stack  # type: ignore[method-assign]
     return app

@@ -18,7 +18,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import FileResponse
 
 from callgate.core.errors import AccessError
-from callgate.ops.http import auth, models, routes
+from callgate.ops.http import access, auth, models, routes
 from callgate.store import api_keys, turns
 from callgate.store.api_keys import KeyHolder
 
@@ -68,6 +68,7 @@ def _signed_in(request: Request, cookie: str | None) -> KeyHolder:
     s = routes.services(request)
     key_id, nonce = auth.session_of(s.api.session_secret, cookie)
     principal = api_keys.session_principal(s.engine, key_id, nonce)
+    request.scope.setdefault("state", {})[access.KEY_ID_STATE] = principal.key_id
     auth.require_approver(principal)
     s.limiter.take(principal)
     return principal
@@ -86,6 +87,7 @@ def sign_in(request: Request, response: Response, body: models.SignIn) -> dict[s
     """Exchange an approver's key for a session cookie; the key is not kept."""
     s = routes.services(request)
     principal = api_keys.authenticate(s.engine, body.key)
+    request.scope.setdefault("state", {})[access.KEY_ID_STATE] = principal.key_id
     auth.require_approver(principal)
     s.limiter.take(principal)
     cookie, nonce = auth.new_session(s.api.session_secret, principal.key_id, s.api.session_seconds)

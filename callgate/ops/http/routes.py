@@ -26,7 +26,7 @@ from callgate.core.errors import (
     ServiceUnavailable,
     UnknownTurn,
 )
-from callgate.ops.http import models, problems, views
+from callgate.ops.http import access, models, problems, views
 from callgate.ops.http.auth import bearer_key, require_approver
 from callgate.ops.http.settings import MAX_BODY_BYTES
 from callgate.producer import intake
@@ -44,8 +44,10 @@ def services(request: Request) -> Any:
     return request.app.state.services
 
 
-def _check_key(s: Any, key: str) -> KeyHolder:
+def _check_key(s: Any, key: str, state: dict[str, Any]) -> KeyHolder:
     principal = api_keys.authenticate(s.engine, key)
+    # Before the rate limit, so the access line of a refused request names its key too.
+    state[access.KEY_ID_STATE] = principal.key_id
     s.limiter.take(principal)
     return principal
 
@@ -58,7 +60,10 @@ async def authenticated(
     runs on threads of its own (``KEY_CHECK_THREADS``), never the routes' shared pool."""
     s = services(request)
     key = bearer_key(request.headers.get("authorization"))
-    principal: KeyHolder = await anyio.to_thread.run_sync(_check_key, s, key, limiter=s.key_checks)
+    state = request.scope.setdefault("state", {})
+    principal: KeyHolder = await anyio.to_thread.run_sync(
+        _check_key, s, key, state, limiter=s.key_checks
+    )
     return principal
 
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import logging
 
 import click
 
 from callgate.core.errors import ConfigurationError
-from callgate.core.settings import Settings
+from callgate.core.settings import Settings, metrics_port
+from callgate.observe import metrics
 from callgate.store import api_keys, db, schema_version
+
+log = logging.getLogger("callgate.api")
 
 
 @click.command("api")
@@ -23,14 +27,27 @@ from callgate.store import api_keys, db, schema_version
     default=None,
     help="Port to listen on (env CALLGATE_API_PORT, default 8000).",
 )
-def api_cmd(host: str | None, port: int | None) -> None:
+@click.option(
+    "--metrics-port",
+    "metrics_at",
+    default=None,
+    # Parsed by callgate, so a bad port is invalid_configuration like a bad variable; the
+    # option is declared here, not taken from the CLI's common module, which imports this.
+    callback=lambda _ctx, _param, v: None if v is None else metrics_port(v, "--metrics-port"),
+    metavar="PORT",
+    help="Serve Prometheus metrics on http://CALLGATE_METRICS_HOST:PORT/metrics, a port of "
+    "its own, never the API's; 0: off (env CALLGATE_METRICS_PORT, default 0). See "
+    "docs/metrics.md.",
+)
+def api_cmd(host: str | None, port: int | None, metrics_at: int | None) -> None:
     """Serve the HTTP API (/v1, OpenAPI at /openapi.json; Swagger UI at /docs only with
     CALLGATE_API_DOCS=on) and the approval console (/console).
 
     Every request needs an API key (callgate keys create); its principal comes from the key.
     Needs CALLGATE_DATABASE_URL and CALLGATE_REDIS_URL; the tools come from the catalogue
     workers publish (or CALLGATE_TOOLS when set); rate limits per key from CALLGATE_API_RATE
-    and CALLGATE_API_BURST. See docs/api.md.
+    and CALLGATE_API_BURST. /metrics is served on its own port (--metrics-port), never on
+    the API's. See docs/api.md.
     """
     try:
         import uvicorn  # noqa: F401
@@ -45,17 +62,38 @@ def api_cmd(host: str | None, port: int | None) -> None:
     from callgate.tools import registry
 
     settings = Settings.from_env()
+    if metrics_at is not None:
+        settings = settings.replace(metrics_port=metrics_at)
     if settings.tools:  # else the tools come from the catalogue workers publish
         registry.load_catalog(settings.tools)  # refuse a bad one before listening
     settings.require_redis()
     schema_version.require_current_at(settings.require_database(), "api start")
     api = ApiSettings.from_env().with_address(host, port)
+    # Its own port, like every other process's: the API's port may face the internet, and
+    # /metrics there would need a key or be open to anyone.
+    if settings.metrics_port:
+        metrics.serve(settings.metrics_port, settings.metrics_host, metrics.registry_for("api"))
+
+    def started() -> None:
+        log.info(
+            "api listening on http://%s:%d (metrics %s, auth api-key, queue %s)",
+            api.host,
+            api.port,
+            f"on {settings.metrics_host}:{settings.metrics_port}"
+            if settings.metrics_port
+            else "off",
+            settings.queue,
+            extra={"event": "api_started"},
+        )
+
     http_server.run(
         create_app(settings, api),
         host=api.host,
         port=api.port,
         header_timeout=api.header_timeout,
         keep_alive=api.keep_alive,
+        on_started=started,
+        on_stopped=lambda: log.info("api stopped", extra={"event": "api_stopped"}),
     )
 
 
