@@ -9,6 +9,7 @@ are allowed): ``<!-- snippet: services -->``, ``<!-- snippet: continues -->``,
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,13 @@ class Block:
     @property
     def id(self) -> str:
         return f"{self.page}:{self.line}"
+
+
+def checkout_pythonpath(current: str | None) -> str:
+    """PYTHONPATH with this checkout first, as absolute paths: a relative or empty entry
+    would mean whatever directory the subprocess runs in."""
+    entries = [str(ROOT), *(os.path.abspath(p) for p in (current or "").split(os.pathsep) if p)]
+    return os.pathsep.join(dict.fromkeys(entries))
 
 
 def pages() -> list[Path]:

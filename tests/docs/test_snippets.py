@@ -36,7 +36,7 @@ from pathlib import Path
 import pytest
 
 from callgate.ops.stack import Stack, wait_for_workers
-from tests.docs.snippets import ROOT, Block, blocks, every_block, pages
+from tests.docs.snippets import ROOT, Block, blocks, checkout_pythonpath, every_block, pages
 
 SHELLS = {"sh", "console", "bash", "shell"}
 SHOWN = {"text", "", "nginx", "toml", "yaml", "ini"}
@@ -123,7 +123,7 @@ RUNNABLE = _runnable()
 def bin_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``callgate`` and ``python`` as a user's shell finds them, for this checkout."""
     directory = tmp_path_factory.mktemp("bin")
-    pythonpath = os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])
+    pythonpath = checkout_pythonpath(os.environ.get("PYTHONPATH"))
     for name, command in (
         ("callgate", f'exec "{sys.executable}" -P -m callgate.ops.cli "$@"'),
         ("python", f'exec "{sys.executable}" "$@"'),
@@ -167,7 +167,7 @@ def test_block_runs(
 ) -> None:
     env = _clean_env()
     env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = checkout_pythonpath(env.get("PYTHONPATH"))
     if _needs_services(block):
         env.update(request.getfixturevalue("snippet_services"))
     script = _script(block)

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.docs.snippets import checkout_pythonpath
+
 pytestmark = pytest.mark.services
 
 MODULE = '''
@@ -36,6 +38,7 @@ def run(cwd: Path, *args: str, database_url: str) -> subprocess.CompletedProcess
         **os.environ,
         "CALLGATE_DATABASE_URL": database_url,
         "CALLGATE_TOOLS": "mytools:registry",
+        "PYTHONPATH": checkout_pythonpath(os.environ.get("PYTHONPATH")),
     }
     return subprocess.run(
         [sys.executable, "-P", "-m", "callgate.ops.cli", *args],
