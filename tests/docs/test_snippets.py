@@ -177,6 +177,7 @@ def test_block_runs(
     else:
         argv = ["bash", "-e", "-o", "pipefail", "-c", script]
     done = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    print(done.stdout)  # shown with -s, or on a failure
     assert done.returncode == 0, (
         f"{block.id} exited {done.returncode}\n--- code\n{script}\n--- stdout\n{done.stdout}"
         f"\n--- stderr\n{done.stderr}"
