@@ -16,6 +16,9 @@ from __future__ import annotations
 import hashlib
 import importlib
 import json
+import os
+import sys
+import sysconfig
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -431,12 +434,50 @@ def _load_target(spec: str, kind: type[_C], expected: str) -> _C:
         raise ConfigurationError(f"CALLGATE_TOOLS={spec!r}: expected 'module:attribute'")
     try:
         target = getattr(importlib.import_module(module_name), attribute)
+    except ModuleNotFoundError as exc:
+        if exc.name is None or not _names_module(module_name, exc.name):
+            raise ConfigurationError(f"CALLGATE_TOOLS={spec!r}: {exc}") from exc
+        raise ConfigurationError(_not_found(spec, exc.name)) from None
     except (ImportError, AttributeError) as exc:
         raise ConfigurationError(f"CALLGATE_TOOLS={spec!r}: {exc}") from exc
     loaded = target() if callable(target) and not isinstance(target, Catalog) else target
     if not isinstance(loaded, kind):
         raise ConfigurationError(f"CALLGATE_TOOLS={spec!r} is not {expected}")
     return loaded
+
+
+def _names_module(module_name: str, missing: str) -> bool:
+    """Whether the module missing is the one named (or a package on its way), rather than
+    something that module imports, which is a missing dependency, not a search-path problem."""
+    return module_name == missing or module_name.startswith(missing + ".")
+
+
+def _own_directories() -> list[str]:
+    """The import path without the interpreter's own entries (standard library, its zip,
+    site-packages): the directories a user's module could be in."""
+    stdlib = os.path.realpath(sysconfig.get_paths()["stdlib"])
+    own = []
+    for entry in sys.path:
+        real = os.path.realpath(entry or ".")
+        if (
+            real.endswith(".zip")
+            or real == stdlib
+            or real.startswith(stdlib + os.sep)
+            or {"site-packages", "dist-packages"} & set(Path(real).parts)
+        ):
+            continue
+        if os.path.isdir(real):
+            own.append(real)
+    return own
+
+
+def _not_found(spec: str, missing: str) -> str:
+    searched = ", ".join(_own_directories()) or "no directory of your own"
+    return (
+        f"CALLGATE_TOOLS={spec!r}: no module named {missing!r} in {searched} (nor installed): "
+        f"run callgate from the directory that holds {missing.replace('.', '/')}.py, or pass "
+        "callgate --path DIR, or install the module"
+    )
 
 
 def from_env(env: Mapping[str, str] | None = None) -> Registry:

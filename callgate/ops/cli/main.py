@@ -10,7 +10,9 @@ loaded only when one of them is asked for, so the product never imports the lab.
 
 from __future__ import annotations
 
+import os
 import sys
+from collections.abc import Sequence
 from importlib import metadata
 
 import click
@@ -54,13 +56,41 @@ class _Commands(click.Group):
 @setting_option(
     "--log-format", variable="CALLGATE_LOG_FORMAT", type=click.Choice(["auto", "json", "text"])
 )
-def cli(log_level: str, log_format: logs.LogFormat) -> None:
+@click.option(
+    "--path",
+    "paths",
+    multiple=True,
+    default=["."],
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="A directory to import your tools' module (CALLGATE_TOOLS) from; repeatable. Put "
+    "first on the import path of this command and of the processes it starts.",
+)
+def cli(log_level: str, log_format: logs.LogFormat, paths: tuple[str, ...]) -> None:
     """callgate: a queue-driven, multi-worker executor for LLM tool calls.
 
     Services come from CALLGATE_DATABASE_URL and CALLGATE_REDIS_URL; 'demo' and 'up' start
-    embedded ones when those are unset.
+    embedded ones when those are unset. Your tools' module (CALLGATE_TOOLS=module:attribute)
+    is imported from the current directory, or from the directories --path names.
     """
     setup_logging(log_level, log_format)
+    use_paths(paths)
+
+
+def use_paths(paths: Sequence[str]) -> None:
+    """Put ``paths`` first on the import path, as RQ's ``--path`` does: a console script's
+    sys.path holds its own bin directory, not the current one, so ``CALLGATE_TOOLS=mytools:…``
+    would not find ./mytools.py. PYTHONPATH carries them to the worker, relayer and sweeper
+    processes ``up`` starts, which import the same module."""
+    resolved = [os.path.abspath(p) for p in paths]
+    for directory in reversed(resolved):
+        if directory in sys.path:
+            sys.path.remove(directory)
+        sys.path.insert(0, directory)
+    inherited = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [*resolved, *(p for p in inherited if p not in resolved)]
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
