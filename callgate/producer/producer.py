@@ -68,7 +68,7 @@ class Collected:
         conversation. Refused (``missing_result``) while a call is still pending: a partial
         turn is never padded."""
         if not self.complete:
-            waiting = ", ".join(self.pending)
+            waiting = ", ".join([*self.pending, *self.awaiting_approval])
             raise CorrelationError(
                 f"turn {self.turn_id} is not complete; still pending: {waiting}",
                 code=ErrorCode.MISSING_RESULT,
@@ -109,7 +109,8 @@ def collected(engine: Engine, state: turns.TurnState, fan: FanIn) -> Collected:
         turn_id=str(state.turn_id),
         complete=fan.complete,
         results=fan.ordered(),
-        pending=fan.pending,
+        # Disjoint: a parked call is listed under awaiting_approval only.
+        pending=[c for c in fan.pending if c not in awaiting],
         proposals=list(state.proposals),
         awaiting_approval={c: a for c, a in awaiting.items() if c in fan.pending},
     )

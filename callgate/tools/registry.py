@@ -176,6 +176,25 @@ class Tool:
     risk: RiskPolicy | None = None
     policy_version: str = "1"
 
+    def __post_init__(self) -> None:
+        if self.audit_field is not None and not (
+            isinstance(self.audit_field, str) and self.audit_field
+        ):
+            raise ConfigurationError(
+                f"tool {self.name!r}: audit_field must name one result field (a string), "
+                f"not {self.audit_field!r}"
+            )
+
+    def audited(self, raw: Any) -> list[str] | None:
+        """The resource ids ``audit_field`` names in a result: a list, or one id (an int
+        ticket id is an id too); ``None`` when the tool names no field or it is absent."""
+        if not self.audit_field or not isinstance(raw, Mapping):
+            return None
+        value = raw.get(self.audit_field)
+        if value is None:
+            return None
+        return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
+
     def parameters(self) -> dict[str, Any]:
         """The arguments' JSON Schema, as a model is shown it."""
         if isinstance(self.arguments, Mapping):

@@ -405,13 +405,10 @@ def _succeeded(tool: Tool, raw: Mapping[str, Any], detail: dict[str, Any]) -> _O
     payload, notes = results.safe_result(tool, raw)
     if notes:
         detail["result_notes"] = notes
-    if (
-        tool.audit_field
-        and isinstance(raw, Mapping)
-        and isinstance(raw.get(tool.audit_field), list)
-    ):
+    audited = tool.audited(raw)
+    if audited is not None:
         # The trace links each resource id to the call; an id is tool output like any other.
-        detail["resources"] = [redaction.redact_secrets(str(r)) for r in raw[tool.audit_field]]
+        detail["resources"] = [redaction.redact_secrets(r) for r in audited]
     return _Outcome("succeeded", payload)
 
 

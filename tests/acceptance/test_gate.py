@@ -320,7 +320,9 @@ def test_refund_table_each_row_stops_at_its_layer(producer, stack, engine):
     (request,) = approvals_of(engine, op)
     waiting = producer.collect(turn_id, timeout=0.2)
     assert not waiting.complete and waiting.results == []
-    assert waiting.awaiting_approval == {waiting.pending[0]: str(request["approval_id"])}
+    # Disjoint: the parked call is under awaiting_approval, not also under pending.
+    assert waiting.pending == []
+    assert list(waiting.awaiting_approval.values()) == [str(request["approval_id"])]
     assert request["state"] == "pending" and request["impact"] == {
         "action": "refund_payment",
         "merchant_id": "merchant-tenant-a",
