@@ -25,6 +25,8 @@ COMMANDS = {
     "relayer": ["relayer"],
     "sweeper": ["sweeper"],
     "api": ["api", "--port", "1"],
+    "trace": ["trace", "call_1"],
+    "tools": ["tools", "--role", "support"],
 }
 
 
@@ -49,7 +51,9 @@ def _run(args: list[str], env: dict[str, str], stdin: str = "") -> subprocess.Co
     )
 
 
-@pytest.mark.parametrize("process", ["worker", "relayer", "sweeper", "api", "submit"])
+@pytest.mark.parametrize(
+    "process", ["worker", "relayer", "sweeper", "api", "submit", "trace", "tools"]
+)
 def test_a_process_on_an_unmigrated_database_exits_with_one_line(
     process: str, make_database: Callable[..., str], redis_url: str, tmp_path: Path
 ) -> None:
@@ -60,6 +64,10 @@ def test_a_process_on_an_unmigrated_database_exits_with_one_line(
         context.write_text('{"tenant_id": "t1", "user_id": "u1", "request_id": "r1"}')
         proposals = '[{"call_id": "c1", "tool_name": "get_order", "arguments": {}}]'
         done = _run(["submit", "--context", str(context), "-"], env, proposals)
+    elif process == "tools":
+        # Without CALLGATE_TOOLS, `tools` reads the catalogue workers published in Postgres.
+        del env["CALLGATE_TOOLS"]
+        done = _run(COMMANDS[process], env)
     else:
         done = _run(COMMANDS[process], env)
     assert done.returncode != 0

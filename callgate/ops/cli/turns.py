@@ -9,7 +9,7 @@ from typing import TextIO
 import click
 
 from callgate.core.errors import InputError, ServiceUnavailable
-from callgate.ops.cli.common import SURFACES, load_settings, read_json, table
+from callgate.ops.cli.common import SURFACES, checked_engine, load_settings, read_json, table
 from callgate.producer import Producer, intake
 from callgate.producer.intake import NO_CALLS, redacted_trace, tool_definitions
 from callgate.producer.validation import check_timeout
@@ -159,7 +159,7 @@ def collect_cmd(turn_id: str, timeout: float, provider: str | None, as_json: boo
 def trace_cmd(turn_or_call: str, as_json: bool) -> None:
     """Print the audit trace of a turn or a call (by its ref)."""
     settings = load_settings()
-    engine = db.create(settings.require_database())
+    engine = checked_engine(settings.require_database(), application_name="callgate-trace")
     with db.translate_errors("trace"):
         events = redacted_trace(trace.events(engine, turn_or_call))
     if as_json:
@@ -190,7 +190,15 @@ def tools_cmd(roles: tuple[str, ...], provider: str | None) -> None:
     """Print the tool definitions a model acting for these roles may be shown (JSON): the
     catalogue workers publish in Postgres, or the registry CALLGATE_TOOLS names."""
     settings = load_settings()
-    engine = db.create(settings.require_database(), application_name="callgate-tools")
+    url = settings.require_database()
+    # Only the published catalogue is read from Postgres; a registry named by CALLGATE_TOOLS
+    # alone answers without a database at this revision.
+    reads_catalogue = not settings.tools or bool(settings.mcp_config)
+    engine = (
+        checked_engine(url, application_name="callgate-tools")
+        if reads_catalogue
+        else db.create(url, application_name="callgate-tools")
+    )
     try:
         definitions = tool_catalog.for_producer(engine, settings).definitions_for(roles)
     finally:
