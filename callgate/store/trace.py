@@ -13,7 +13,8 @@ from callgate.core.errors import UnknownTurn
 # trace as it scopes results, unless the key may read its whole tenant's). Another's trace
 # answers like a missing one.
 TRACE_SQL = """
-SELECT e.at, c.call_id, c.tool_name, e.operation_id, e.event, e.generation, e.detail
+SELECT e.at, CAST(COALESCE(e.turn_id, c.turn_id) AS text) AS turn_id, c.call_id, c.tool_name,
+       e.operation_id, e.event, e.generation, e.detail
   FROM callgate.trace_events AS e
   LEFT JOIN callgate.calls AS c ON c.id = e.call_ref
  WHERE (e.turn_id = :id OR e.call_ref = :id)
@@ -24,9 +25,11 @@ SELECT e.at, c.call_id, c.tool_name, e.operation_id, e.event, e.generation, e.de
  ORDER BY e.at, e.id
 """
 
-# A provider's call id (``call_42``) names a call within a turn; it may recur across turns.
+# A provider's call id (``call_42``) names a call within a turn; it may recur across turns,
+# so each turn's events come together (turns in the order they began), never interleaved.
 BY_CALL_ID_SQL = """
-SELECT e.at, c.call_id, c.tool_name, e.operation_id, e.event, e.generation, e.detail
+SELECT e.at, CAST(COALESCE(e.turn_id, c.turn_id) AS text) AS turn_id, c.call_id, c.tool_name,
+       e.operation_id, e.event, e.generation, e.detail
   FROM callgate.calls AS c
   JOIN callgate.trace_events AS e ON e.call_ref = c.id
  WHERE c.call_id = :call_id
@@ -34,14 +37,15 @@ SELECT e.at, c.call_id, c.tool_name, e.operation_id, e.event, e.generation, e.de
         OR EXISTS (SELECT 1 FROM callgate.turns AS t
                     WHERE t.turn_id = c.turn_id AND t.tenant_id = :tenant
                       AND (CAST(:user AS text) IS NULL OR t.user_id = :user)))
- ORDER BY e.at, e.id
+ ORDER BY min(e.at) OVER (PARTITION BY c.turn_id), c.turn_id, e.at, e.id
 """
 
 
 def events(
     engine: Engine, turn_or_call: str, *, tenant: str | None = None, user: str | None = None
 ) -> list[dict[str, Any]]:
-    """Events of a turn (its id), or of a call (its ref, or the provider's call id); with
+    """Events of a turn (its id), or of a call (its ref, or the provider's call id: of every
+    turn that used it, each event naming its ``turn_id``, grouped by turn); with
     ``tenant``, only that tenant's, and with ``user`` too, only that user's turns' (another's
     answer like a missing one)."""
     params: dict[str, Any]

@@ -4,7 +4,7 @@ its results, read its ``trace``; ``tools`` prints what a model may be shown."""
 from __future__ import annotations
 
 import json
-from typing import TextIO
+from typing import Any, TextIO
 
 import click
 
@@ -157,7 +157,8 @@ def collect_cmd(turn_id: str, timeout: float, provider: str | None, as_json: boo
 @click.argument("turn_or_call")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def trace_cmd(turn_or_call: str, as_json: bool) -> None:
-    """Print the audit trace of a turn or a call (by its ref)."""
+    """Print the audit trace of a turn or a call (its ref, or the provider's call id: one
+    section per turn that used it)."""
     settings = load_settings()
     engine = checked_engine(settings.require_database(), application_name="callgate-trace")
     with db.translate_errors("trace"):
@@ -165,10 +166,19 @@ def trace_cmd(turn_or_call: str, as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(events, default=str))
         return
-    table(
-        ["at", "call_id", "tool_name", "event", "generation", "detail"],
-        [{**e, "detail": json.dumps(e["detail"])} for e in events],
-    )
+    # A provider's call id may name calls of several turns: one section per turn, so no
+    # reader takes two turns' calls for one.
+    by_turn: dict[str | None, list[dict[str, Any]]] = {}
+    for e in events:
+        by_turn.setdefault(e["turn_id"], []).append(e)
+    for n, (turn_id, rows) in enumerate(by_turn.items()):
+        if n:
+            click.echo()
+        click.echo(f"turn {turn_id or '-'}")
+        table(
+            ["at", "call_id", "tool_name", "event", "generation", "detail"],
+            [{**e, "detail": json.dumps(e["detail"])} for e in rows],
+        )
 
 
 @click.command("tools")
