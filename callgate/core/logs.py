@@ -25,7 +25,15 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, TextIO
 from urllib.parse import urlsplit
 
-ID_FIELDS: Final = ("turn_id", "call_id", "call_ref", "operation_id", "approval_id")
+# ``principal_id``: who decided an approval (a user id, the same the trace records).
+ID_FIELDS: Final = (
+    "turn_id",
+    "call_id",
+    "call_ref",
+    "operation_id",
+    "approval_id",
+    "principal_id",
+)
 # Bounded facts about an event; never a value a model or a tool produced.
 EVENT_FIELDS: Final = (
     "event",

@@ -27,16 +27,20 @@ is answered exactly like a missing one, so an approver learns nothing about othe
 from __future__ import annotations
 
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
 from sqlalchemy import Engine, text
 
+from callgate.core import logs
 from callgate.core.errors import ApprovalError, ErrorCode, ServiceUnavailable
 from callgate.observe import metrics
 from callgate.store import db
 from callgate.store.reservations import CALL_RESULT, FINISH_TAIL, Finished, result_body
+
+log = logging.getLogger("callgate.approvals")
 
 SETTLE_SQL = (
     f"""
@@ -270,7 +274,7 @@ def approve(engine: Engine, approval_id: str, *, by: str, tenant: str) -> list[u
         _explain(engine, ident, by=who, tenant=tenant)
     else:
         resumed = list(row.resumed)
-    metrics.approval(_tool_of(engine, ident), "granted")
+    metrics.approval(_decided(engine, ident, "approval_granted", by=who), "granted")
     return resumed
 
 
@@ -298,7 +302,7 @@ def deny(engine: Engine, approval_id: str, *, by: str, tenant: str) -> Finished:
     row = _decide(engine, DENY_SQL, params, verdict="denied")
     if row is not None and not row.decided:
         _explain(engine, ident, by=who, tenant=tenant)
-    metrics.approval(_tool_of(engine, ident), "denied")
+    metrics.approval(_decided(engine, ident, "approval_denied", by=who), "denied")
     if row is None:
         # A denial whose reply was lost ended its calls; their successors, if any, are
         # dispatched by the sweeper (it dispatches a successor whose predecessor has ended).
@@ -361,14 +365,38 @@ def show(engine: Engine, approval_id: str, *, tenant: str) -> dict[str, Any]:
     return found[0]
 
 
-def _tool_of(engine: Engine, ident: uuid.UUID) -> str:
-    """The tool of a request just decided: the label its decision is counted under (a
-    registered tool's name: a request exists only for a call the gate admitted)."""
+# Every call ever parked on the request (a decision resumes or ends each of them).
+_DECIDED_SQL = """
+SELECT a.tool_name, a.operation_id, c.turn_id, c.call_id, c.id AS call_ref
+  FROM callgate.approvals AS a
+  LEFT JOIN callgate.calls AS c ON c.approval_id = a.approval_id
+ WHERE a.approval_id = :a
+ ORDER BY c.turn_id, c.call_id
+"""
+
+
+def _decided(engine: Engine, ident: uuid.UUID, event: str, *, by: str) -> str:
+    """Log the decision just recorded (one INFO record: the request, its calls, tool and
+    approver, never arguments) and return its tool: the label it is counted under (a
+    registered tool's name: a request exists only for a call the gate admitted). Here, so
+    the CLI, the API and a library caller each log it once."""
     with db.autocommit(engine) as conn:
-        name = conn.execute(
-            text("SELECT tool_name FROM callgate.approvals WHERE approval_id = :a"), {"a": ident}
-        ).scalar_one()
-    return str(name)
+        rows = conn.execute(text(_DECIDED_SQL), {"a": ident}).all()
+    calls = [r for r in rows if r.call_ref is not None]
+    # A request with several parked calls names them all in one record: comma-separated.
+    logs.event(
+        log,
+        event,
+        approval_id=ident,
+        principal_id=by,
+        tool=rows[0].tool_name,
+        operation_id=rows[0].operation_id,
+        turn_id=",".join(dict.fromkeys(str(r.turn_id) for r in calls)) or None,
+        call_id=",".join(r.call_id for r in calls) or None,
+        call_ref=",".join(str(r.call_ref) for r in calls) or None,
+        count=len(calls),
+    )
+    return str(rows[0].tool_name)
 
 
 def _explain(engine: Engine, ident: uuid.UUID, *, by: str, tenant: str) -> NoReturn:
