@@ -15,6 +15,9 @@ from callgate.producer.intake import NO_CALLS, redacted_trace, tool_definitions
 from callgate.producer.validation import check_timeout
 from callgate.store import db, tool_catalog, trace
 
+# The table's data | error column: a value longer than this is cut, never silently.
+CELL_WIDTH = 80
+
 
 @click.command("submit")
 @click.option(
@@ -114,8 +117,16 @@ def _report_no_calls(as_json: bool) -> None:
     help="Print the results as this API surface's tool-result message (JSON), ready to "
     "append to the conversation. Needs every result.",
 )
+@click.option(
+    "--full",
+    is_flag=True,
+    help=f"Show each data or error value whole in the table (default: cut after "
+    f"{CELL_WIDTH} characters, ending in …(+N chars)). --json is always whole.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def collect_cmd(turn_id: str, timeout: float, provider: str | None, as_json: bool) -> None:
+def collect_cmd(
+    turn_id: str, timeout: float, provider: str | None, full: bool, as_json: bool
+) -> None:
     """Wait for a turn's results, joined by call id; name the calls still pending."""
     check_timeout(timeout, "--timeout")
     producer = Producer.from_env()
@@ -131,26 +142,45 @@ def collect_cmd(turn_id: str, timeout: float, provider: str | None, as_json: boo
         click.echo(json.dumps(doc))
         return
     click.echo(f"turn {doc['turn_id']}: {'complete' if doc['complete'] else 'INCOMPLETE'}")
+    rows = collect_rows(doc, dict(collected.proposals), width=None if full else CELL_WIDTH)
+    table(["call_id", "tool_name", "status", "data | error"], rows)
+
+
+def collect_rows(
+    doc: dict[str, Any], tools: dict[str, str], width: int | None
+) -> list[dict[str, Any]]:
+    """The table's rows: results, then pending calls, then parked ones (a parked call is
+    never under ``pending``), each with its tool; with ``width``, longer values are cut."""
     rows = [
         {
             "call_id": r["call_id"],
             "tool_name": r["tool_name"],
             "status": r["status"],
-            "data | error": json.dumps(r.get("data") or r.get("error"))[:80],
+            "data | error": _cut(json.dumps(r.get("data") or r.get("error")), width),
         }
         for r in doc["results"]
     ]
-    waiting = doc["awaiting_approval"]
+    rows += [
+        {"call_id": c, "tool_name": tools.get(c, ""), "status": "pending", "data | error": ""}
+        for c in doc["pending"]
+    ]
     rows += [
         {
             "call_id": c,
-            "tool_name": "",
-            "status": "awaiting_approval" if c in waiting else "pending",
-            "data | error": f"callgate approvals show {waiting[c]}" if c in waiting else "",
+            "tool_name": tools.get(c, ""),
+            "status": "awaiting_approval",
+            "data | error": f"callgate approvals show {approval_id}",
         }
-        for c in doc["pending"]
+        for c, approval_id in doc["awaiting_approval"].items()
     ]
-    table(["call_id", "tool_name", "status", "data | error"], rows)
+    return rows
+
+
+def _cut(value: str, width: int | None) -> str:
+    # A cut value says so and by how much: a reader never takes a prefix for the whole.
+    if width is None or len(value) <= width:
+        return value
+    return f"{value[:width]}…(+{len(value) - width} chars)"
 
 
 @click.command("trace")
