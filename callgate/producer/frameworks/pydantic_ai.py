@@ -7,8 +7,16 @@
 The toolset lists the registry's tools the context's roles may use. The first of a model
 response's calls to reach the toolset submits all of the response's calls of these tools as
 one callgate turn (reads at once, writes one at a time in proposal order); each call then
-waits for its own result. A success returns callgate's safe result; a refusal or failure is
-a ``ToolFailed`` carrying the coded body, so the model sees ``{status, error: {code, ...}}``.
+waits for its own result.
+
+**One shape for every result.** The model receives callgate's result body as compact JSON
+text (a ``str``) whether the call succeeded or not, the same text the openai-agents and
+LangGraph integrations send: ``{"status": "succeeded", "data": {...}}`` for a success, and
+``{"status", "error": {"code", ...}, "trust"}`` for a refusal or failure. A refusal or
+failure is raised as pydantic-ai's ``ToolFailed`` (whose message is text only), so it keeps
+pydantic-ai's failed outcome and the provider's native error channel; a success is returned
+as that same text rather than a dict, so code reading ``ToolReturnPart.content`` parses one
+shape for both.
 
 A call the gate parks for approval surfaces as pydantic-ai's deferred tool call: the run ends
 with ``DeferredToolRequests`` whose ``approvals`` holds it and whose ``metadata[call_id]``
@@ -89,7 +97,7 @@ class CallgateToolset(AbstractToolset[Any]):
     async def call_tool(
         self, name: str, tool_args: dict[str, Any], ctx: RunContext[Any], tool: ToolsetTool[Any]
     ) -> Any:
-        """Run one call through callgate: its safe result, a coded ``ToolFailed``, or
+        """Run one call through callgate: its safe result as JSON text, a coded ``ToolFailed``, or
         ``ApprovalRequired`` while it waits for a person."""
         call_id = ctx.tool_call_id
         if call_id is None:
@@ -102,7 +110,7 @@ class CallgateToolset(AbstractToolset[Any]):
         if isinstance(outcome, Parked):
             raise ApprovalRequired(metadata=outcome.metadata)
         if isinstance(outcome, Done) and outcome.ok:
-            return outcome.body
+            return relay.body_text(outcome)
         raise ToolFailed(relay.body_text(outcome))
 
     def _response_calls(
