@@ -111,6 +111,7 @@ def test_the_key_decides_the_principal_not_the_body(running, env, engine):
         resp = http.get(f"/v1/calls/{turn['turn_id']}/trace")
         assert resp.status_code == 200
         assert "permission_denied" in resp.text
+        assert {event["turn_id"] for event in resp.json()} == {turn["turn_id"]}
 
 
 def test_the_requester_cannot_approve_their_own_request(running, env, engine):

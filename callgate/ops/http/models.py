@@ -88,6 +88,8 @@ class Decision(BaseModel):
 
 class TraceEvent(BaseModel):
     at: str
+    # A provider's call id may be reused by another turn: each event says whose it is.
+    turn_id: str
     call_id: str | None
     tool_name: str | None
     operation_id: str | None
