@@ -62,6 +62,8 @@ class ErrorCode(StrEnum):
     # or ahead of it).
     NOT_MIGRATED = "not_migrated"
     UNKNOWN_TURN = "unknown_turn"
+    # An AsyncProducer used after aclose() (or whose wait aclose() ended).
+    PRODUCER_CLOSED = "producer_closed"
     UNKNOWN_APPROVAL = "unknown_approval"
     APPROVAL_NOT_PENDING = "approval_not_pending"
     # Four eyes: the person who asked for an approval cannot decide it.
@@ -178,6 +180,10 @@ class ServiceUnavailable(CallgateError):
 
 class UnknownTurn(CallgateError):
     code = ErrorCode.UNKNOWN_TURN
+
+
+class ProducerClosed(CallgateError):
+    code = ErrorCode.PRODUCER_CLOSED
 
 
 class ApprovalError(CallgateError):

@@ -8,6 +8,11 @@ is re-read every second as the safety net for a publish Redis lost, and instead 
 while Redis is away. Waiting therefore holds no thread, however many turns an application
 follows at once.
 
+``aclose()`` ends every wait still running on the producer (another task's ``results()`` or
+``collect()``) with ``ProducerClosed`` before it closes the connections, so no wait goes on
+reconnecting to Redis or Postgres behind a closed producer, and nothing is left running when
+the event loop stops.
+
     async with AsyncProducer.from_env() as producer:
         turn = await producer.submit(proposals, context)
         async for result in producer.results(turn.turn_id, timeout=30):
@@ -17,14 +22,16 @@ follows at once.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
 import redis.asyncio
 
 import callgate.producer.validation as validation
+from callgate.core.errors import ProducerClosed
 from callgate.core.settings import Settings
 from callgate.core.types import CallContext, ProposedCall, Turn
 from callgate.producer.fanin import (
@@ -57,6 +64,11 @@ class AsyncProducer:
     def __init__(self, producer: Producer, redis_connection: redis.asyncio.Redis) -> None:
         self.producer = producer
         self.redis = redis_connection
+        self._closing = asyncio.Event()
+        # Reads in flight for any task: aclose() ends them (Redis reads and sleeps are
+        # cancelled; a Postgres read on a thread cannot be, so it is awaited) before it
+        # closes the connections under them.
+        self._reads: set[asyncio.Future[Any]] = set()
 
     @classmethod
     def from_env(cls, settings: Settings | None = None) -> AsyncProducer:
@@ -86,12 +98,15 @@ class AsyncProducer:
     ) -> Turn:
         """Record the turn and enqueue its calls: ``Producer.submit``, awaited (the same
         ``submit_key`` rules and errors)."""
-        return await asyncio.to_thread(
-            self.producer.submit,
-            proposals,
-            context,
-            operation_ids=operation_ids,
-            submit_key=submit_key,
+        return await self._read(
+            asyncio.to_thread(
+                self.producer.submit,
+                proposals,
+                context,
+                operation_ids=operation_ids,
+                submit_key=submit_key,
+            ),
+            interruptible=False,
         )
 
     async def results(self, turn_id: str, *, timeout: float | None = None) -> AsyncIterator[Result]:
@@ -104,7 +119,7 @@ class AsyncProducer:
         if timeout is not None:
             validation.check_timeout(timeout)
         deadline = None if timeout is None else time.monotonic() + timeout
-        state = await asyncio.to_thread(first_read, self.producer.engine, turn_id, timeout)
+        state = await self._in_thread("collect", first_read, self.producer.engine, turn_id, timeout)
         loaded = time.monotonic()
         fan = FanIn(state.proposals)
         async for result in self._landing(state, fan, deadline):
@@ -115,15 +130,22 @@ class AsyncProducer:
         """``Producer.collect``, awaited: up to ``timeout`` seconds for one result per call."""
         validation.check_timeout(timeout)
         deadline = time.monotonic() + timeout
-        state = await asyncio.to_thread(first_read, self.producer.engine, turn_id, timeout)
+        state = await self._in_thread("collect", first_read, self.producer.engine, turn_id, timeout)
         loaded = time.monotonic()
         fan = FanIn(state.proposals)
         async for _ in self._landing(state, fan, deadline):
             pass
         fanned_in(state, fan, loaded)
-        return await asyncio.to_thread(collected, self.producer.engine, state, fan)
+        return await self._in_thread("collect", collected, self.producer.engine, state, fan)
 
     async def aclose(self) -> None:
+        """End every wait still running on this producer (it raises ``ProducerClosed``), then
+        close its Redis and Postgres connections. Calling it again does nothing."""
+        if self._closing.is_set():
+            return
+        self._closing.set()
+        while self._reads:
+            await asyncio.gather(*self._reads, return_exceptions=True)
         await self.redis.aclose()
         await asyncio.to_thread(self.producer.close)
 
@@ -144,24 +166,52 @@ class AsyncProducer:
                     "collect", recheck, self.producer.engine, state.turn_id
                 )
             elif isinstance(request, Sleep):
-                await asyncio.sleep(request.seconds)
+                await self._read(asyncio.sleep(request.seconds))
             else:
                 try:
-                    answer = await self.redis.xread(
-                        {request.stream: request.last_id}, block=request.block_ms, count=500
+                    answer = await self._read(
+                        self.redis.xread(
+                            {request.stream: request.last_id}, block=request.block_ms, count=500
+                        )
                     )
                 except REDIS_AWAY as exc:
                     request = advance(loop, error=exc)
                     continue
             request = advance(loop, answer)
 
-    @staticmethod
-    async def _in_thread(what: str, fn: Callable[..., T], *args: Any) -> T:
+    async def _in_thread(self, what: str, fn: Callable[..., T], *args: Any) -> T:
         def run() -> T:
             with db.translate_errors(what):
                 return fn(*args)
 
-        return await asyncio.to_thread(run)
+        return await self._read(asyncio.to_thread(run), interruptible=False)
+
+    async def _read(self, step: Awaitable[T], *, interruptible: bool = True) -> T:
+        """Await one step of a wait. ``aclose()`` interrupts a Redis read or a sleep (the
+        wait raises ``ProducerClosed``) and lets a Postgres read or a submit on a thread end
+        first, since a thread cannot be stopped and a submit's outcome is the caller's."""
+        if self._closing.is_set():
+            if inspect.iscoroutine(step):
+                step.close()  # never started: no "was never awaited" warning
+            raise ProducerClosed("this AsyncProducer is closed: make a new one to go on")
+        read = asyncio.ensure_future(step)
+        self._reads.add(read)
+        read.add_done_callback(self._reads.discard)
+        if not interruptible:
+            return await read
+        closing = asyncio.ensure_future(self._closing.wait())
+        try:
+            await asyncio.wait({read, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+            if not read.done():
+                read.cancel()  # aclose() ends this read, or our own caller was cancelled
+                await asyncio.wait({read})
+        if read.cancelled():
+            raise ProducerClosed(
+                "aclose() ran while this wait was in progress: it ended without a result"
+            )
+        return read.result()
 
 
 def _connect(url: str) -> redis.asyncio.Redis:

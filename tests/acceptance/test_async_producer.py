@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -11,7 +12,7 @@ import pytest
 from sqlalchemy import Engine, text
 
 from callgate import AsyncProducer, Producer
-from callgate.core.errors import ErrorCode, InputError, UnknownTurn
+from callgate.core.errors import ErrorCode, InputError, ProducerClosed, UnknownTurn
 from callgate.core.settings import Settings
 from callgate.ops.stack import Stack
 from callgate.queue import transport
@@ -153,3 +154,47 @@ def test_bad_turn_ids_and_timeouts_are_refused_with_their_codes(
     assert unknown.value.code == ErrorCode.UNKNOWN_TURN
     with pytest.raises(InputError):
         in_loop(first("00000000-0000-0000-0000-000000000000", float("nan")))
+
+
+def test_aclose_ends_the_waits_still_running_and_nothing_goes_on_after_it(
+    service_env: dict[str, str], engine: Engine
+) -> None:
+    """Another task's wait ends with ProducerClosed when the producer is closed (it does not
+    go on reconnecting behind a closed producer), and a submit after close records nothing."""
+
+    def turns() -> int:
+        with engine.connect() as conn:
+            return int(conn.execute(text("SELECT count(*) FROM callgate.turns")).scalar_one())
+
+    async def main() -> tuple[list[BaseException | None], float, int]:
+        producer = AsyncProducer.from_env(Settings.from_env(service_env))
+        turn = await producer.submit(READS[:1], SUPPORT_A)  # no worker runs: the waits block
+
+        async def stream() -> None:
+            async for _ in producer.results(turn.turn_id):
+                pass
+
+        waits = [
+            asyncio.create_task(stream()),
+            asyncio.create_task(producer.collect(turn.turn_id, 60)),
+        ]
+        await asyncio.sleep(1.5)  # both are in their Redis reads (and the 1 s Postgres recheck)
+        assert not any(w.done() for w in waits)
+        started = time.monotonic()
+        await producer.aclose()
+        took = time.monotonic() - started
+        assert all(w.done() for w in waits)  # ended by aclose, not left running
+        outcomes = [w.exception() for w in waits]
+        before = turns()
+        with pytest.raises(ProducerClosed) as late:
+            await producer.submit(READS[:1], SUPPORT_A)
+        assert late.value.code == ErrorCode.PRODUCER_CLOSED
+        with pytest.raises(ProducerClosed):
+            await producer.collect(turn.turn_id, 1)
+        await producer.aclose()  # twice is harmless
+        return outcomes, took, turns() - before
+
+    outcomes, took, recorded_after_close = asyncio.run(main())
+    assert [type(o) for o in outcomes] == [ProducerClosed, ProducerClosed]
+    assert took < 3
+    assert recorded_after_close == 0
