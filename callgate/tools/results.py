@@ -17,6 +17,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from callgate.core.errors import CallgateError
 from callgate.core.types import TRUST_LABEL
 from callgate.tools import redaction
 from callgate.tools.registry import ResultLimits, Tool
@@ -122,4 +123,19 @@ def safe_error(
     error: dict[str, Any] = {"code": code, "details": clean}
     if message:
         error["message"] = redact_text(message, 240)
+    return error
+
+
+def failure_status(err: CallgateError) -> str:
+    """The terminal status a refusal or failure ends a call in: the same call, unchanged, may
+    succeed later only for the retryable codes."""
+    return "failed_retryable" if err.retryable else "failed_terminal"
+
+
+def failure_error(err: CallgateError) -> dict[str, Any]:
+    """The error a model sees for ``err``, with the downstream's retry hint when it gave one."""
+    error = safe_error(err.code.value, err.details)
+    hint = getattr(err, "retry_after_ms", None)
+    if err.retryable and isinstance(hint, int) and hint > 0:
+        error["retry_after_ms"] = hint  # the downstream's hint, passed on to the model
     return error

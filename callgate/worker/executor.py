@@ -375,8 +375,8 @@ def _handle(
             # "Try again later" from a write that may have applied (a timeout after the
             # request left) and that nothing downstream deduplicates: not a retry.
             settled = _settle(d, tool, args, ctx, detail, "the write may have applied")
-            return settled or _Outcome(_status(err), _error(err))
-        return _Outcome(_status(err), _error(err))
+            return settled or _Outcome(results.failure_status(err), results.failure_error(err))
+        return _Outcome(results.failure_status(err), results.failure_error(err))
     except Exception as exc:  # a handler bug, a job timeout: never leak its text to the model
         if transient_failure(exc) and _safe_to_repeat(tool):
             if tool.kind == "write":
@@ -692,26 +692,18 @@ def _plain(args: Arguments) -> dict[str, Any]:
     return args.model_dump(mode="json") if isinstance(args, BaseModel) else dict(args)
 
 
-def _status(err: CallgateError) -> str:
-    return "failed_retryable" if err.retryable else "failed_terminal"
-
-
-def _error(err: CallgateError) -> dict[str, Any]:
-    error = results.safe_error(err.code.value, err.details)
-    hint = getattr(err, "retry_after_ms", None)
-    if err.retryable and isinstance(hint, int) and hint > 0:
-        error["retry_after_ms"] = hint  # the downstream's hint, passed on to the model
-    return error
-
-
 def _refusal(err: CallgateError, d: _Delivery) -> dict[str, Any]:
-    return {"status": _status(err), "error": _error(err), "detail": d.audit}
+    return {
+        "status": results.failure_status(err),
+        "error": results.failure_error(err),
+        "detail": d.audit,
+    }
 
 
 def _refusal_facts(d: _Delivery, err: CallgateError) -> dict[str, Any]:
     return {
         "verdicts": d.verdicts,
-        "status": _status(err),
+        "status": results.failure_status(err),
         "code": err.code.value,
         "since": d.loaded,
     }

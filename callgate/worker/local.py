@@ -118,7 +118,7 @@ class LocalRunner:
 
 
 def _failure(call_id: str, tool_name: str, err: CallgateError) -> FailedRetryable | FailedTerminal:
-    error = results.safe_error(err.code.value, err.details)
+    error = results.failure_error(err)
     if err.retryable:
         return FailedRetryable.model_validate(
             {"call_id": call_id, "tool_name": tool_name, "error": error}

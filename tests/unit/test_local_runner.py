@@ -46,7 +46,16 @@ def refund(order_id: str, amount: int, ctx: ExecutionContext) -> dict[str, Any]:
     return {"operation": ctx.operation_id, "fence": ctx.fencing_token}
 
 
-REGISTRY = Registry.of([lookup, refund], {"support": ["lookup", "refund"]})
+@tool
+def busy_lookup(order_id: str) -> dict[str, Any]:
+    """Look an order up in a downstream that asks to be called again later."""
+    RUNS["lookup"] += 1
+    raise ToolError("busy", code=ErrorCode.UPSTREAM_UNAVAILABLE, retry_after_ms=750)
+
+
+REGISTRY = Registry.of(
+    [lookup, refund, busy_lookup], {"support": ["lookup", "refund", "busy_lookup"]}
+)
 ALICE = Principal("acme", "alice", ("support",))
 
 
@@ -56,6 +65,15 @@ def test_a_read_runs_its_handler_once() -> None:
     assert result.status == "succeeded"
     assert result.data["content"] == {"order_id": "o1", "state": "paid"}
     assert RUNS["lookup"] == before + 1
+
+
+def test_a_retryable_failure_carries_the_downstreams_hint_as_a_worker_would() -> None:
+    before = RUNS["lookup"]
+    result = LocalRunner(REGISTRY).call("busy_lookup", {"order_id": "o1"}, principal=ALICE)
+    assert RUNS["lookup"] == before + 1
+    assert result.status == "failed_retryable"
+    assert result.error.code == "upstream_unavailable"
+    assert result.model_dump(mode="json")["error"]["retry_after_ms"] == 750
 
 
 def test_a_keyed_write_gets_a_first_delivery_key_and_fence() -> None:
