@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -14,7 +16,9 @@ from sqlalchemy import Engine, text
 from callgate import AsyncProducer, Producer
 from callgate.core.errors import ErrorCode, InputError, ProducerClosed, UnknownTurn
 from callgate.core.settings import Settings
+from callgate.core.types import ProposedCall
 from callgate.ops.stack import Stack
+from callgate.producer.frameworks.relay import Parked, TurnRelay
 from callgate.queue import transport
 from tests.acceptance.conftest import SUPPORT_A
 
@@ -198,3 +202,36 @@ def test_aclose_ends_the_waits_still_running_and_nothing_goes_on_after_it(
     assert [type(o) for o in outcomes] == [ProducerClosed, ProducerClosed]
     assert took < 3
     assert recorded_after_close == 0
+
+
+def test_a_relay_still_following_a_parked_call_when_the_producer_closes_leaves_no_stray_error(
+    service_env: dict[str, str], stack: Callable[..., Stack]
+) -> None:
+    """A framework's wait returns once its call is parked, while the relay's follower goes on
+    for its recheck period; closing the producer then ends the follower without asyncio's
+    "Task exception was never retrieved" on the application's console."""
+    stack(workers=1)
+    reported: list[dict[str, Any]] = []
+
+    async def main() -> Any:
+        asyncio.get_running_loop().set_exception_handler(lambda _, ctx: reported.append(ctx))
+        context = {**SUPPORT_A, "request_id": f"req-{uuid.uuid4().hex[:8]}"}
+        async with AsyncProducer.from_env(Settings.from_env(service_env)) as producer:
+            relay = TurnRelay(producer, context, timeout=30)
+            call = ProposedCall(
+                call_id="c-del", tool_name="delete_emails", arguments={"query": "policy update"}
+            )
+            await relay.submit([call])
+            outcome = await relay.outcome("c-del")
+        follower = relay._watches[next(iter(relay._watches))]._task
+        assert follower is not None
+        await asyncio.wait({follower}, timeout=5)
+        assert follower.done()  # the follower ended with the producer
+        del relay, follower
+        gc.collect()
+        await asyncio.sleep(0)
+        return outcome
+
+    outcome = asyncio.run(main())
+    assert isinstance(outcome, Parked)
+    assert [ctx.get("message") for ctx in reported] == []

@@ -345,6 +345,10 @@ class _Watch:
                 task = self._task
                 if task is None or task.done():
                     task = self._task = asyncio.create_task(self._follow())
+                    # The follower may outlive every waiter by a recheck period and end with
+                    # an error nobody awaits (the producer closed meanwhile): a waiter that
+                    # sees it raises it; otherwise it is not asyncio's to print.
+                    task.add_done_callback(_retrieved)
                 changed = asyncio.ensure_future(self._changed.wait())
                 await asyncio.wait(
                     [changed, task], timeout=remaining, return_when=asyncio.FIRST_COMPLETED
@@ -384,6 +388,11 @@ class _Watch:
             self._notify()
             if self.calls and self.calls <= self.results.keys():
                 return
+
+
+def _retrieved(task: asyncio.Task[None]) -> None:
+    if not task.cancelled():
+        task.exception()
 
 
 def wire_name(name: str) -> str:
