@@ -270,6 +270,10 @@ class Settings(Section):
     redis_url: str | None = setting(
         None, "Redis URL (redis://, rediss:// or unix://); 'demo' and 'up' start one when unset."
     )
+    direct_database_url: str | None = setting(
+        None,
+        "PostgreSQL itself, around a ?pgbouncer=true pooler: the relayer's LISTEN.",
+    )
     downstream_database_url: str | None = setting(
         None, "Where the demo downstreams keep their schema; default: the database URL."
     )

@@ -4,7 +4,9 @@ Claim a batch with ``FOR UPDATE SKIP LOCKED`` (several relayers never publish th
 at once), publish, mark, commit. A relayer killed between publish and mark leaves its rows
 unmarked and unlocked: they are published again, so fan-in drops duplicates by call id.
 It sleeps on ``LISTEN callgate_outbox`` and polls on timeout (a notification sent while it
-was disconnected is lost, so it always drains once after (re)connecting).
+was disconnected is lost, so it always drains once after (re)connecting). Behind a pooler in
+transaction mode a LISTEN does not last: it listens on ``CALLGATE_DIRECT_DATABASE_URL`` when
+set, or polls the outbox every ``POLL_WITHOUT_LISTEN_SECONDS``.
 """
 
 from __future__ import annotations
@@ -104,10 +106,24 @@ def drain(
             return total
 
 
+# Behind a transaction pooler with no direct URL to LISTEN on, the relayer looks at the
+# outbox this often instead: one indexed query returning no row, 20 times a second.
+POLL_WITHOUT_LISTEN_SECONDS = 0.05
+
+
+def listen_url(database_url: str, direct_url: str | None) -> str | None:
+    """Where the relayer LISTENs: the direct URL when given, else the database URL unless a
+    transaction pooler is in front of it (a LISTEN there is lost when its transaction ends,
+    so the relayer polls instead)."""
+    if direct_url:
+        return direct_url
+    return None if db.behind_transaction_pooler(database_url) else database_url
+
+
 def run(
     engine: Engine,
     connection: redis.Redis,
-    database_url: str,
+    database_url: str | None,
     *,
     queue: str,
     batch: int,
@@ -115,10 +131,17 @@ def run(
     mark_delay: float = 0.0,
     stop: threading.Event | None = None,
 ) -> None:
-    """Relay until ``stop`` is set. Reconnects on its own after Postgres or Redis hiccups."""
+    """Relay until ``stop`` is set, woken by ``LISTEN`` on ``database_url`` (by polling every
+    ``POLL_WITHOUT_LISTEN_SECONDS`` when it is None). Reconnects on its own after Postgres or
+    Redis hiccups."""
     stop = stop or threading.Event()
     while not stop.is_set():
         try:
+            if database_url is None:
+                while not stop.is_set():
+                    drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
+                    stop.wait(POLL_WITHOUT_LISTEN_SECONDS)
+                return
             with psycopg.connect(db.libpq_url(database_url), autocommit=True) as listener:
                 listener.execute(f"LISTEN {CHANNEL}")
                 drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)

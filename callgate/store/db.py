@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 import psycopg
 from psycopg.rows import namedtuple_row
 from sqlalchemy import Connection, Engine, create_engine
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
@@ -21,21 +21,49 @@ from callgate.core.errors import ConfigurationError, InputError, ServiceUnavaila
 _T = TypeVar("_T")
 
 
-def sqlalchemy_url(url: str) -> str:
-    """Accept libpq-style ``postgresql://`` URLs and pin the psycopg 3 driver."""
+# ``?pgbouncer=true`` on the database URL (the convention Prisma made familiar): a pooler in
+# transaction mode (PgBouncer, or any like it) sits in front of Postgres, so consecutive
+# transactions of one client connection may run on different server connections. Nothing
+# may then outlive a transaction on the server: no prepared statements (psycopg prepares a
+# statement on its sixth run, and the raw path on its first) and no LISTEN.
+POOLER_PARAMETER = "pgbouncer"
+_TRUE = {"true": True, "1": True, "yes": True, "false": False, "0": False, "no": False}
+
+
+def _parsed(url: str) -> tuple[URL, bool]:
     try:
         parsed = make_url(url)
     except ArgumentError:
         raise ConfigurationError(f"not a database URL: {url!r}") from None
     if parsed.get_backend_name() != "postgresql":
         raise ConfigurationError(f"callgate needs PostgreSQL, got {parsed.drivername!r}")
+    flag = parsed.query.get(POOLER_PARAMETER)
+    if flag is None:
+        return parsed, False
+    value = _TRUE.get(flag.lower()) if isinstance(flag, str) else None
+    if value is None:
+        raise ConfigurationError(
+            f"{POOLER_PARAMETER}={flag!r} in the database URL: use {POOLER_PARAMETER}=true when "
+            "a pooler in transaction mode (PgBouncer) is in front of PostgreSQL, or leave it out"
+        )
+    return parsed.difference_update_query([POOLER_PARAMETER]), value
+
+
+def sqlalchemy_url(url: str) -> str:
+    """Accept libpq-style ``postgresql://`` URLs and pin the psycopg 3 driver."""
+    parsed, _ = _parsed(url)
     return parsed.set(drivername="postgresql+psycopg").render_as_string(hide_password=False)
 
 
 def libpq_url(url: str) -> str:
     """The same URL in the form psycopg.connect() takes (for LISTEN connections)."""
-    parsed = make_url(sqlalchemy_url(url))
+    parsed, _ = _parsed(url)
     return parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+
+def behind_transaction_pooler(url: str) -> bool:
+    """Whether the URL says a pooler in transaction mode is in front (``?pgbouncer=true``)."""
+    return _parsed(url)[1]
 
 
 def create(
@@ -45,6 +73,9 @@ def create(
     max_overflow: int | None = None,
     application_name: str = "callgate",
 ) -> Engine:
+    connect_args: dict[str, Any] = {"application_name": application_name, "connect_timeout": 5}
+    if behind_transaction_pooler(url):
+        connect_args["prepare_threshold"] = None  # never prepare: see POOLER_PARAMETER
     return create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
@@ -53,7 +84,7 @@ def create(
         # broken by a Postgres restart fails its statement and is discarded; the job is
         # re-run by the sweeper.
         pool_recycle=600,
-        connect_args={"application_name": application_name, "connect_timeout": 5},
+        connect_args=connect_args,
     )
 
 
@@ -83,7 +114,25 @@ def translate_errors(what: str) -> Iterator[None]:
     except DBAPIError as exc:
         if exc.connection_invalidated:
             raise ServiceUnavailable(f"{what}: lost the PostgreSQL connection") from exc
+        if isinstance(exc.orig, _POOLED_PREPARE_ERRORS):
+            raise pooler_misconfigured(what) from exc
         raise
+
+
+# callgate never names a prepared statement itself: these come from psycopg's own ones
+# reaching another server connection than the one they were prepared on.
+_POOLED_PREPARE_ERRORS = (
+    psycopg.errors.DuplicatePreparedStatement,
+    psycopg.errors.InvalidSqlStatementName,
+)
+
+
+def pooler_misconfigured(what: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"{what}: a prepared statement is missing or doubled on the server, as happens behind "
+        f"a pooler in transaction mode (PgBouncer): add ?{POOLER_PARAMETER}=true to "
+        "CALLGATE_DATABASE_URL (nothing was recorded by the statement that failed)"
+    )
 
 
 def _refused(what: str, orig: BaseException | None) -> InputError:
@@ -222,8 +271,10 @@ class RawConnection:
         with self.driver.cursor(row_factory=namedtuple_row) as cur:
             # Prepared on first use on each connection (psycopg's default waits for the
             # sixth): Postgres then parses and plans each guarantee statement once per
-            # connection, not on every one of its first five runs.
-            cur.execute(statement.driver_sql, params, prepare=True)
+            # connection, not on every one of its first five runs. Never behind a
+            # transaction pooler (prepare_threshold None): see POOLER_PARAMETER.
+            prepare = None if self.driver.prepare_threshold is None else True
+            cur.execute(statement.driver_sql, params, prepare=prepare)
             return cur.fetchall() if cur.description is not None else []
 
     def first(self, statement: Statement, params: Mapping[str, Any]) -> Any:

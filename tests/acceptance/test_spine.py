@@ -25,6 +25,20 @@ from tests.acceptance.conftest import (
     trace_events,
     wait_until,
 )
+from tests.pgbouncer import PgBouncer
+
+
+@pytest.fixture(params=["direct", "pgbouncer"])
+def service_env(
+    request: pytest.FixtureRequest, service_env: dict[str, str], pgbouncer: PgBouncer
+) -> dict[str, str]:
+    """Every promise here holds with PostgreSQL reached directly and through PgBouncer in
+    transaction mode (``?pgbouncer=true``), as a deployment past a few hosts runs it."""
+    if request.param == "direct":
+        return service_env
+    url = pgbouncer.url_for(service_env["CALLGATE_DATABASE_URL"])
+    return {**service_env, "CALLGATE_DATABASE_URL": url}
+
 
 FAST_RECOVERY = {
     "CALLGATE_LEASE_SECONDS": "1",

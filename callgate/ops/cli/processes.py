@@ -105,15 +105,19 @@ def relayer_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
     with _stop_line(lines, "relayer"), quiet_interrupt(), stop_on_term() as stop:
         # Once SIGTERM is ours: whoever saw this line may stop the process cleanly.
         lines.info(
-            "relayer started on queue %r, batch %d; %s",
+            "relayer started on queue %r, batch %d, %s; %s",
             settings.queue,
             settings.relayer_batch,
+            "woken by LISTEN"
+            if relayer.listen_url(url, settings.direct_database_url)
+            else f"polling every {relayer.POLL_WITHOUT_LISTEN_SECONDS:g}s (behind a pooler;"
+            " set CALLGATE_DIRECT_DATABASE_URL to LISTEN)",
             _where(settings),
         )
         relayer.run(
             engine,
             transport.connect(settings.require_redis()),
-            url,
+            relayer.listen_url(url, settings.direct_database_url),
             queue=settings.queue,
             batch=settings.relayer_batch,
             mark_delay=delay,

@@ -142,18 +142,20 @@ class OwnedPostgres:
 class Services:
     """What one run uses; ``database()`` makes a fresh, migrated database per scenario."""
 
-    admin_url: str
+    admin_url: str  # PostgreSQL itself: CREATE/DROP DATABASE, pg_terminate_backend
     redis_url: str | None
     postgres: OwnedPostgres | None
     template: str
     created: list[str] = field(default_factory=list)
+    # What the scenario's processes connect through: admin_url, or a pooler in front of it.
+    process_url: str | None = None
 
     def database(self, label: str) -> str:
-        """CREATE DATABASE from the run's template; returns its URL."""
+        """CREATE DATABASE from the run's template; returns the URL processes use for it."""
         name = f"callgate_chaos_{label.replace('-', '_')[:30]}_{uuid.uuid4().hex[:8]}"
         _create(self.admin_url, name, template=self.template)
         self.created.append(name)
-        return _with_database(self.admin_url, name)
+        return _with_database(self.process_url or self.admin_url, name)
 
     def owned_redis(self) -> OwnedRedis | None:
         binary = redis_binary()
@@ -169,7 +171,15 @@ def open_services(settings: Settings, *, keep: bool = False) -> Iterator[Service
     """The run's services: configured ones, or embedded ones when none are configured."""
     with ExitStack() as stack:
         owned: OwnedPostgres | None = None
-        admin = settings.database_url
+        pooled = settings.database_url
+        if pooled and db.behind_transaction_pooler(pooled) and not settings.direct_database_url:
+            raise ConfigurationError(
+                "chaos creates a database per scenario, which a pooler in transaction mode "
+                "cannot do (it keeps the template in use): set CALLGATE_DIRECT_DATABASE_URL to "
+                "PostgreSQL itself; the scenarios' processes still go through the pooler"
+            )
+        admin = settings.direct_database_url if pooled else None
+        admin = admin or pooled
         if admin is None:
             data = Path(tempfile.mkdtemp(prefix="callgate-chaos-pg-"))
             stack.callback(shutil.rmtree, data, True)
@@ -189,7 +199,7 @@ def open_services(settings: Settings, *, keep: bool = False) -> Iterator[Service
             redis_url = server.url
         template = f"callgate_chaos_tpl_{uuid.uuid4().hex[:8]}"
         _create(admin, template)
-        services = Services(admin, redis_url, owned, template, [template])
+        services = Services(admin, redis_url, owned, template, [template], pooled)
         if not keep:
             stack.callback(_drop_all, admin, services.created)
         url = _with_database(admin, template)
