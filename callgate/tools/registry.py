@@ -347,7 +347,7 @@ class Catalog:
         self,
         query: str,
         roles: Iterable[str],
-        top_k: int = 5,
+        top_k: int = retrieval.DEFAULT_TOP,
         *,
         embed: retrieval.Embed | None = None,
         embed_weight: float = retrieval.DEFAULT_EMBED_WEIGHT,

@@ -40,6 +40,9 @@ DEFAULT_TOP = 5
 NAME_REPEAT = 2
 # BM25 indexes kept per catalog, one per set of candidates (in practice, per role set).
 MAX_INDEXES = 32
+# Embedding functions whose tool vectors a catalog keeps: a caller passing a new function
+# (a fresh lambda) on every request re-embeds the tools each time, but holds no more memory.
+MAX_EMBEDDERS = 4
 
 # Words that carry no meaning for choosing a tool. Short on purpose: BM25's inverse document
 # frequency already weighs down words every tool has.
@@ -125,7 +128,7 @@ class ToolIndex:
         self._definitions = dict(definitions)
         self._words: dict[str, list[str]] = {}
         self._bm25: OrderedDict[frozenset[str], tuple[list[str], Any]] = OrderedDict()
-        self._vectors: dict[Embed, dict[str, list[float]]] = {}
+        self._vectors: OrderedDict[Embed, dict[str, list[float]]] = OrderedDict()
         self._lock = threading.Lock()
 
     def rank(
@@ -203,6 +206,9 @@ class ToolIndex:
     def _cosines(self, query: str, names: list[str], embed: Embed) -> list[float]:
         with self._lock:
             known = self._vectors.setdefault(embed, {})
+            self._vectors.move_to_end(embed)
+            while len(self._vectors) > MAX_EMBEDDERS:
+                self._vectors.popitem(last=False)
             missing = [n for n in names if n not in known]
         texts = [tool_text(self._definitions[n]) for n in missing]
         vectors = _embedded(embed, [query, *texts])

@@ -245,3 +245,17 @@ def test_words_split_names_and_fold_plurals() -> None:
         "address",
     ]
     assert retrieval.words("서울 날씨 in 2026") == ["서울", "날씨"]
+
+
+def test_a_new_embed_function_per_request_holds_a_bounded_number_of_vector_sets(
+    catalog: Catalog,
+) -> None:
+    first: list[int] = []
+    embed = toy_embed(first)
+    catalog.select("umbrella", ["support"], 1, embed=embed)
+    for _ in range(retrieval.MAX_EMBEDDERS + 3):
+        catalog.select("umbrella", ["support"], 1, embed=toy_embed([]))
+    assert len(catalog._retrieval._vectors) == retrieval.MAX_EMBEDDERS
+    # The first function's vectors were let go: its tools are embedded again.
+    catalog.select("umbrella", ["support"], 1, embed=embed)
+    assert first == [1 + len(TOOLS), 1 + len(TOOLS)]
