@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -192,6 +191,8 @@ class Measured:
 def measure(suite: Suite, ks: Sequence[int] = KS, *, embed: Embed | None = None) -> Measured:
     """Recall@k and tokens per request over the suite, each question ranked among every
     tool of the suite."""
+    if not suite.questions:
+        raise InputError("the suite has no question with an expected tool")
     catalog = suite.catalog
     everything = catalog.definitions_for([ROLE])
     deepest = max(ks)
@@ -208,8 +209,6 @@ def measure(suite: Suite, ks: Sequence[int] = KS, *, embed: Embed | None = None)
                 misses[k].append(q.id)
             tokens[k] += definitions_tokens(t.definition() for t in chosen[:k])
     n = len(suite.questions)
-    if not n:
-        raise InputError("the suite has no question with an expected tool")
     return Measured(
         tools=len(catalog.tools),
         questions=n,
@@ -260,4 +259,3 @@ def retrieval_cmd(questions: Path, answers: Path | None, ks: str, as_json: bool)
         click.echo(json.dumps(measured.as_json(), indent=2))
     else:
         click.echo(report(measured))
-    sys.stdout.flush()
