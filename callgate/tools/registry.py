@@ -21,6 +21,7 @@ import sys
 import sysconfig
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, Protocol, TypeVar
 
@@ -28,6 +29,7 @@ from pydantic import BaseModel
 
 from callgate.core.errors import ConfigurationError, ErrorCode, StaleFence, ToolError
 from callgate.core.settings import Settings
+from callgate.tools import retrieval
 
 Kind = Literal["read", "write"]
 Arguments = BaseModel | dict[str, Any]  # a validated model, or a dict checked by JSON Schema
@@ -340,6 +342,31 @@ class Catalog:
         """The tools a model acting for these roles may be shown: the allowlist, never more."""
         allowed = self.allowed_for(roles)
         return [t.definition() for name, t in sorted(self.tools.items()) if name in allowed]
+
+    def select(
+        self,
+        query: str,
+        roles: Iterable[str],
+        top_k: int = retrieval.DEFAULT_TOP,
+        *,
+        embed: retrieval.Embed | None = None,
+        embed_weight: float = retrieval.DEFAULT_EMBED_WEIGHT,
+    ) -> list[Described]:
+        """The ``top_k`` tools these roles may use that best match ``query`` (the user's
+        request), best first: BM25 over names, descriptions and arguments (the
+        ``retrieval`` extra), blended with ``embed``'s cosine similarity when given
+        (``callgate.tools.retrieval``). Only allowed tools are candidates, so the result
+        is always a subset of ``definitions_for(roles)``."""
+        ranked = self._retrieval.rank(
+            query, self.allowed_for(roles), top_k, embed=embed, embed_weight=embed_weight
+        )
+        return [self.tools[s.name] for s in ranked]
+
+    @cached_property
+    def _retrieval(self) -> retrieval.ToolIndex:
+        # Kept on the instance: a catalog never changes, and another allowlist or set of
+        # tools is another catalog (``replace``), with an index of its own.
+        return retrieval.ToolIndex({n: t.definition() for n, t in self.tools.items()})
 
 
 def _spec_of(tool: Described) -> ToolSpec:

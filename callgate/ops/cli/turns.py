@@ -14,6 +14,7 @@ from callgate.producer import Producer, intake
 from callgate.producer.intake import NO_CALLS, redacted_trace, tool_definitions
 from callgate.producer.validation import check_timeout
 from callgate.store import db, tool_catalog, trace
+from callgate.tools import retrieval
 
 # The table's data | error column: a value longer than this is cut, never silently.
 CELL_WIDTH = 80
@@ -226,9 +227,30 @@ def trace_cmd(turn_or_call: str, as_json: bool) -> None:
     help="In this API surface's tool-schema form (default: neutral {name, description, "
     "parameters}).",
 )
-def tools_cmd(roles: tuple[str, ...], provider: str | None) -> None:
+@click.option(
+    "--query",
+    default=None,
+    help="The request's text: print only the allowed tools that best match it, best first "
+    "(BM25 over names, descriptions and arguments; needs the retrieval extra).",
+)
+@click.option(
+    "--top",
+    type=int,
+    default=None,
+    help=f"With --query: how many tools to print, 1 to {retrieval.MAX_TOP} "
+    f"(default {retrieval.DEFAULT_TOP}).",
+)
+def tools_cmd(
+    roles: tuple[str, ...], provider: str | None, query: str | None, top: int | None
+) -> None:
     """Print the tool definitions a model acting for these roles may be shown (JSON): the
-    catalogue workers publish in Postgres, or the registry CALLGATE_TOOLS names."""
+    catalogue workers publish in Postgres, or the registry CALLGATE_TOOLS names. With
+    --query, only the --top that best match it, best first; never a tool the roles may not
+    use."""
+    if query is None and top is not None:
+        raise InputError("--top needs --query: the request's text to choose tools for")
+    if top is not None:
+        retrieval.check_top_k(top, retrieval.MAX_TOP, name="--top")
     settings = load_settings()
     url = settings.require_database()
     # Only the published catalogue is read from Postgres; a registry named by CALLGATE_TOOLS
@@ -240,7 +262,12 @@ def tools_cmd(roles: tuple[str, ...], provider: str | None) -> None:
         else db.create(url, application_name="callgate-tools")
     )
     try:
-        definitions = tool_catalog.for_producer(engine, settings).definitions_for(roles)
+        catalog = tool_catalog.for_producer(engine, settings)
     finally:
         engine.dispose()
+    if query is None:
+        definitions = catalog.definitions_for(roles)
+    else:
+        chosen = catalog.select(query, roles, top or retrieval.DEFAULT_TOP)
+        definitions = [t.definition() for t in chosen]
     click.echo(json.dumps(tool_definitions(definitions, provider), indent=2))

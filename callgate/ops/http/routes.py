@@ -34,8 +34,12 @@ from callgate.producer.validation import MAX_ID_LENGTH, check_id, check_timeout
 from callgate.queue import transport
 from callgate.store import api_keys, approvals, db, trace, turns
 from callgate.store.api_keys import KeyHolder
+from callgate.tools import retrieval
 
 router = APIRouter()
+
+# A request's text to choose tools for; longer texts add nothing to the ranking but work.
+MAX_QUERY_LENGTH = 4_000
 
 _bearer = HTTPBearer(auto_error=False, description="An API key: callgate keys create")
 
@@ -332,9 +336,39 @@ async def turn_results(
     summary="The tools the key's roles may be shown",
     tags=["tools"],
 )
-def list_tools(request: Request, who: Who, provider: ProviderQuery = None) -> Any:
-    """The allowlisted tool definitions of the key's roles, as `callgate tools` prints them."""
-    definitions = services(request).producer.registry.definitions_for(who.roles)
+def list_tools(
+    request: Request,
+    who: Who,
+    provider: ProviderQuery = None,
+    query: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=MAX_QUERY_LENGTH,
+            description="The request's text: only the allowed tools that best match it, best "
+            "first (BM25 over names, descriptions and arguments)",
+        ),
+    ] = None,
+    top: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=retrieval.MAX_TOP,
+            description=f"With `query`: how many tools (default {retrieval.DEFAULT_TOP})",
+        ),
+    ] = None,
+) -> Any:
+    """The allowlisted tool definitions of the key's roles, as `callgate tools` prints them;
+    with `query`, the `top` of them that best match it, best first. A tool the key's roles
+    may not use is never listed, whatever the query."""
+    catalog = services(request).producer.registry
+    if query is None:
+        if top is not None:
+            raise InputError("top needs query: the request's text to choose tools for")
+        definitions = catalog.definitions_for(who.roles)
+    else:
+        chosen = catalog.select(query, who.roles, top or retrieval.DEFAULT_TOP)
+        definitions = [t.definition() for t in chosen]
     return JSONResponse(intake.tool_definitions(definitions, provider))
 
 
