@@ -14,11 +14,13 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
+import ctypes
 import json
 import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -70,6 +72,14 @@ def _memfd(name: str, data: bytes) -> int:
 
 
 def run(setup: Setup, code: str, inputs: Mapping[str, bytes]) -> Run:
+    adopt_orphans()
+    try:
+        return _run(setup, code, inputs)
+    finally:
+        reap_orphans(wait=0.2)
+
+
+def _run(setup: Setup, code: str, inputs: Mapping[str, bytes]) -> Run:
     opened: list[int] = []
 
     def keep(fd: int) -> int:
@@ -117,6 +127,56 @@ def run(setup: Setup, code: str, inputs: Mapping[str, bytes]) -> Run:
         for fd in opened:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+_PR_SET_CHILD_SUBREAPER = 36
+_adopting = threading.Lock()
+_adopted = False
+
+
+def adopt_orphans() -> None:
+    """Make this process the reaper of its orphaned descendants (``PR_SET_CHILD_SUBREAPER``).
+
+    bwrap's outer process exits as soon as it hears the sandbox's status, leaving the
+    sandbox's first process (``bwrap`` as PID 1 of the namespace) to whoever adopts it. Left
+    to an init that reaps lazily (or to nobody, when the worker is PID 1 of a container),
+    those zombies count against the sandbox user's ``RLIMIT_NPROC`` until no sandbox can
+    start. Adopted, the worker reaps them itself (``reap_orphans``)."""
+    global _adopted
+    with _adopting:
+        if _adopted:
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+        _adopted = True
+
+
+def reap_orphans(wait: float = 0.0) -> int:
+    """Reap this process's zombie ``bwrap`` children (adopted sandboxes' first processes);
+    with ``wait``, look again for up to that long until one is found. Other children are
+    left alone: they belong to whoever started them."""
+    me = os.getpid()
+    deadline = time.monotonic() + wait
+    reaped = 0
+    while True:
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry.name}/stat", "rb") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            comm_end = stat.rfind(b")")
+            fields = stat[comm_end + 2 :].split()
+            comm = stat[stat.find(b"(") + 1 : comm_end]
+            if comm == b"bwrap" and fields[0] == b"Z" and int(fields[1]) == me:
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(int(entry.name), os.WNOHANG)
+                    reaped += 1
+        if reaped or time.monotonic() >= deadline:
+            return reaped
+        time.sleep(0.01)
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
