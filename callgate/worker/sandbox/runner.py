@@ -44,7 +44,8 @@ class Setup:
     env: Mapping[str, str]
     bwrap: str
     prlimit: str
-    user: tuple[int, int] | None  # (uid, gid) to run as, when the worker is root
+    # The first (uid, gid) to run as when the worker is root; slot N runs as (uid+N, gid+N).
+    user: tuple[int, int] | None
     seccomp: bool = True
 
 
@@ -71,15 +72,15 @@ def _memfd(name: str, data: bytes) -> int:
     return fd
 
 
-def run(setup: Setup, code: str, inputs: Mapping[str, bytes]) -> Run:
+def run(setup: Setup, code: str, inputs: Mapping[str, bytes], slot: int = 0) -> Run:
     adopt_orphans()
     try:
-        return _run(setup, code, inputs)
+        return _run(setup, code, inputs, slot)
     finally:
         reap_orphans(wait=0.2)
 
 
-def _run(setup: Setup, code: str, inputs: Mapping[str, bytes]) -> Run:
+def _run(setup: Setup, code: str, inputs: Mapping[str, bytes], slot: int) -> Run:
     opened: list[int] = []
 
     def keep(fd: int) -> int:
@@ -103,7 +104,8 @@ def _run(setup: Setup, code: str, inputs: Mapping[str, bytes]) -> Run:
             passed += (fds.seccomp,)
         user: dict[str, Any] = {}
         if setup.user is not None:
-            user = {"user": setup.user[0], "group": setup.user[1], "extra_groups": []}
+            uid, gid = setup.user[0] + slot, setup.user[1] + slot
+            user = {"user": uid, "group": gid, "extra_groups": []}
         started = time.monotonic()
         proc = subprocess.Popen(
             args,
@@ -116,6 +118,8 @@ def _run(setup: Setup, code: str, inputs: Mapping[str, bytes]) -> Run:
             cwd="/",
             **user,
         )
+        with _adopting:
+            _own.add(proc.pid)
         for fd in passed:
             os.close(fd)
             opened.remove(fd)
@@ -123,6 +127,8 @@ def _run(setup: Setup, code: str, inputs: Mapping[str, bytes]) -> Run:
             return _watch(proc, report_r, setup.limits, started)
         finally:
             _kill(proc)
+            with _adopting:
+                _own.discard(proc.pid)
     finally:
         for fd in opened:
             with contextlib.suppress(OSError):
@@ -132,6 +138,8 @@ def _run(setup: Setup, code: str, inputs: Mapping[str, bytes]) -> Run:
 _PR_SET_CHILD_SUBREAPER = 36
 _adopting = threading.Lock()
 _adopted = False
+# The sandboxes this process started and waits for itself: never reaped as orphans.
+_own: set[int] = set()
 
 
 def adopt_orphans() -> None:
@@ -170,9 +178,14 @@ def reap_orphans(wait: float = 0.0) -> int:
             comm_end = stat.rfind(b")")
             fields = stat[comm_end + 2 :].split()
             comm = stat[stat.find(b"(") + 1 : comm_end]
-            if comm == b"bwrap" and fields[0] == b"Z" and int(fields[1]) == me:
+            pid = int(entry.name)
+            if comm != b"bwrap" or fields[0] != b"Z" or int(fields[1]) != me:
+                continue
+            with _adopting:
+                if pid in _own:
+                    continue
                 with contextlib.suppress(ChildProcessError):
-                    os.waitpid(int(entry.name), os.WNOHANG)
+                    os.waitpid(pid, os.WNOHANG)
                     reaped += 1
         if reaped or time.monotonic() >= deadline:
             return reaped

@@ -15,11 +15,11 @@ import base64
 import contextlib
 import mimetypes
 import os
+import queue
 import re
 import shutil
 import sys
 import sysconfig
-import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,10 @@ from callgate.tools.registry import (
 from callgate.worker.sandbox import command, packages, runner, seccomp
 from callgate.worker.sandbox.limits import Limits, limit_met
 
-NOBODY = 65534
+# The sandboxes of a root worker run as uid/gid BASE + slot, one id per concurrent slot:
+# RLIMIT_NPROC counts per user, so each sandbox gets its own process budget and a fork bomb
+# in one cannot starve the next. Far above ordinary accounts; no account is needed.
+SANDBOX_UID_BASE = 2_000_000
 _INPUT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,99}$")
 DESCRIPTION = (
@@ -95,7 +98,7 @@ def python_tool(
     inputs: Inputs | None = None,
     max_concurrent: int = 2,
     interpreter: str | None = None,
-    sandbox_user: tuple[int, int] = (NOBODY, NOBODY),
+    sandbox_uid_base: int = SANDBOX_UID_BASE,
     use_seccomp: bool = True,
     require_approval: bool = False,
     risk: RiskPolicy | None = None,
@@ -112,21 +115,27 @@ def python_tool(
     limits = limits or Limits()
     if max_concurrent < 1:
         raise ConfigurationError(f"{name}: max_concurrent must be at least 1")
-    setup = _setup(name, limits, packages, dict(env or {}), interpreter, sandbox_user, use_seccomp)
+    setup = _setup(
+        name, limits, packages, dict(env or {}), interpreter, sandbox_uid_base, use_seccomp
+    )
     _probe(name, setup)
-    slots = threading.BoundedSemaphore(max_concurrent)
+    slots: queue.Queue[int] = queue.Queue()
+    for slot in range(max_concurrent):
+        slots.put(slot)
 
     def handler(args: RunPython, ctx: ExecutionContext) -> dict[str, Any]:
         attached = _inputs(name, inputs, ctx, limits)
-        if not slots.acquire(timeout=limits.wall_seconds):
+        try:
+            slot = slots.get(timeout=limits.wall_seconds)
+        except queue.Empty:
             raise ToolError(
                 f"all {max_concurrent} sandboxes of this worker are busy",
                 code=ErrorCode.UPSTREAM_UNAVAILABLE,
-            )
+            ) from None
         try:
-            done = runner.run(setup, args.code, attached)
+            done = runner.run(setup, args.code, attached, slot=slot)
         finally:
-            slots.release()
+            slots.put(slot)
         met = limit_met(done.seen, limits)
         if met is not None:
             code, message = met
@@ -163,7 +172,7 @@ def _setup(
     wanted: tuple[str, ...] | None,
     env: dict[str, str],
     interpreter: str | None,
-    sandbox_user: tuple[int, int],
+    uid_base: int,
     use_seccomp: bool,
 ) -> runner.Setup:
     missing = [tool for tool in ("bwrap", "prlimit") if shutil.which(tool) is None]
@@ -182,7 +191,7 @@ def _setup(
             raise ConfigurationError(
                 f"{name}: env name {key!r} is not allowed (a plain name, never CALLGATE_…)"
             )
-    user = sandbox_user if os.geteuid() == 0 else None
+    user = (uid_base, uid_base) if os.geteuid() == 0 else None
     uid, gid = user if user is not None else (os.geteuid(), os.getegid())
     site = packages.resolve(wanted)
     exe = _interpreter(name, interpreter, uid, gid)
@@ -243,11 +252,16 @@ def _interpreter(name: str, configured: str | None, uid: int, gid: int) -> Path:
 def _probe(name: str, setup: runner.Setup) -> None:
     """Build one sandbox and run nothing in it: what does not work here fails now."""
     probe_limits = Limits(wall_seconds=max(setup.limits.wall_seconds, 10.0))
-    done = runner.run(
-        runner.Setup(**{**setup.__dict__, "limits": probe_limits}),
-        "import sys\nprint(sys.version_info[0])",
-        {},
-    )
+    try:
+        done = runner.run(
+            runner.Setup(**{**setup.__dict__, "limits": probe_limits}),
+            "import sys\nprint(sys.version_info[0])",
+            {},
+        )
+    except OSError as exc:  # prlimit or bwrap cannot be started by the sandbox's user
+        raise ConfigurationError(
+            f"{name}: cannot start its sandbox ({setup.prlimit} {setup.bwrap}): {exc}"
+        ) from None
     if done.seen.exit_code == 0 and done.stdout.strip() == b"3":
         return
     why = done.stderr.decode("utf-8", "replace").strip()[:500] or f"exit {done.seen.exit_code}"
