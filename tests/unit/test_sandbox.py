@@ -16,8 +16,10 @@ from pathlib import Path
 import pytest
 
 from callgate.core.errors import ConfigurationError, ErrorCode
+from callgate.core.types import FailedTerminal, Succeeded
+from callgate.testing import AwaitingApproval, LocalRunner
 from callgate.tools import results
-from callgate.tools.registry import READ_ONLY, ResultLimits, Tool
+from callgate.tools.registry import READ_ONLY, Principal, Registry, ResultLimits, Tool
 from callgate.worker.sandbox import Limits, python_tool, seccomp
 from callgate.worker.sandbox.limits import Observed, limit_met
 
@@ -174,3 +176,28 @@ def test_an_interpreter_the_sandbox_user_cannot_read_is_refused(tmp_path: Path) 
     exe.symlink_to(sys.executable)
     with pytest.raises(ConfigurationError, match="no Python interpreter"):
         python_tool(interpreter=str(private / "bin" / "python3"))
+
+
+def test_with_require_approval_a_call_waits_for_a_person_then_runs() -> None:
+    registry = Registry.of([python_tool(require_approval=True)], {"analyst": ["run_python"]})
+    runner = LocalRunner(registry, principal=Principal("t-1", "asker", ("analyst",)))
+    parked = runner.call("run_python", {"code": "21 * 2"})
+    assert isinstance(parked, AwaitingApproval)
+    assert parked.impact["code"] == "21 * 2"
+    assert runner.contexts == []  # nothing ran
+    done = runner.call("run_python", {"code": "21 * 2"}, approved_by="reviewer")
+    assert isinstance(done, Succeeded)
+    assert done.data["trust"] == "untrusted_tool_output"
+    assert done.data["content"]["value"] == "42"
+
+
+def test_a_limit_ends_the_call_with_its_code_and_the_start_of_the_output() -> None:
+    tool = python_tool(limits=Limits(wall_seconds=5, output_bytes=1024))
+    runner = LocalRunner(Registry.of([tool], {"analyst": ["run_python"]}))
+    code = "print('started')\nwhile True:\n    print('y' * 100)"
+    failed = runner.call("run_python", {"code": code}, principal=Principal("t", "u", ("analyst",)))
+    assert isinstance(failed, FailedTerminal)
+    assert failed.error.code == "sandbox_output_limit"
+    stdout = [d for d in failed.error.details if d.code == "sandbox_stdout"]
+    assert stdout and stdout[0].message is not None
+    assert stdout[0].message.startswith("started\nyyy")

@@ -238,13 +238,13 @@ def _watch(proc: subprocess.Popen[bytes], report_fd: int, limits: Limits, starte
                 if len(chunk) > room:
                     if fd == report_fd:
                         report_over = True
-                        sel.unregister(fd)
                     else:
                         output_over = True
-            if output_over:
-                break
+            if output_over or report_over:
+                break  # stop it now: reading on would only wait for the wall clock
     duration = time.monotonic() - started
-    status = _reap(proc, deadline if not (timed_out or output_over) else 0.0)
+    stopped = timed_out or output_over or report_over
+    status = _reap(proc, 0.0 if stopped else deadline)
     if status is None:  # still running at the deadline, its streams closed
         timed_out = timed_out or not output_over
     run = Run(
@@ -259,7 +259,7 @@ def _watch(proc: subprocess.Popen[bytes], report_fd: int, limits: Limits, starte
         stderr=bytes(got[proc.stderr.fileno()]),
         duration=duration,
     )
-    if not (timed_out or output_over):
+    if not stopped:
         _read_report(run, bytes(got[report_fd]), limits)
     return run
 

@@ -139,7 +139,7 @@ def python_tool(
         met = limit_met(done.seen, limits)
         if met is not None:
             code, message = met
-            raise ToolError(message, code=code, details=[{"code": code, "message": message}])
+            raise ToolError(message, code=code, details=_limit_details(code, message, done))
         return _result(done)
 
     policy = risk if risk is not None else (_always_approve if require_approval else None)
@@ -288,6 +288,22 @@ def _inputs(
         return runner.read_inputs({k: Path(v) for k, v in chosen.items()}, limits.input_bytes)
     except ValueError as exc:
         raise ToolError(str(exc), code=ErrorCode.SANDBOX_FILES) from None
+
+
+# How much of stdout and stderr a limit's failure shows (the start of each, marked as cut).
+HEAD_CHARS = 160
+
+
+def _limit_details(code: str, message: str, done: runner.Run) -> list[dict[str, Any]]:
+    """The limit, then the start of what the run printed before it (redacted like every
+    detail), so the model sees how far it got."""
+    details: list[dict[str, Any]] = [{"code": code, "message": message}]
+    for stream, data in (("stdout", done.stdout), ("stderr", done.stderr)):
+        if data:
+            text = data.decode("utf-8", "replace")
+            cut = f"…[cut: {len(data)} bytes read]" if len(text) > HEAD_CHARS else ""
+            details.append({"code": f"sandbox_{stream}", "message": text[:HEAD_CHARS] + cut})
+    return details
 
 
 _IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif")
