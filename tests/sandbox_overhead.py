@@ -61,7 +61,7 @@ def at_once(concurrency: int) -> None:
 
 def main() -> None:
     start_up(int(sys.argv[1]) if len(sys.argv) > 1 else 50)
-    for concurrency in (1, 2, 4, 8, 16):
+    for concurrency in (1, 2, 4, 8, 16, 32, 64):
         at_once(concurrency)
 
 

@@ -79,6 +79,7 @@ def argv(
         "--unshare-user",
         "--disable-userns",  # no user namespace of its own inside
         "--die-with-parent",
+        "--as-pid-1",
         "--new-session",  # no TIOCSTI into the worker's terminal
         "--hostname",
         "sandbox",

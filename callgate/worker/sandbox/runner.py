@@ -14,13 +14,11 @@ from __future__ import annotations
 import base64
 import binascii
 import contextlib
-import ctypes
 import json
 import os
 import selectors
 import signal
 import subprocess
-import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -73,14 +71,6 @@ def _memfd(name: str, data: bytes) -> int:
 
 
 def run(setup: Setup, code: str, inputs: Mapping[str, bytes], slot: int = 0) -> Run:
-    adopt_orphans()
-    try:
-        return _run(setup, code, inputs, slot)
-    finally:
-        reap_orphans(wait=0.2)
-
-
-def _run(setup: Setup, code: str, inputs: Mapping[str, bytes], slot: int) -> Run:
     opened: list[int] = []
 
     def keep(fd: int) -> int:
@@ -118,8 +108,6 @@ def _run(setup: Setup, code: str, inputs: Mapping[str, bytes], slot: int) -> Run
             cwd="/",
             **user,
         )
-        with _adopting:
-            _own.add(proc.pid)
         for fd in passed:
             os.close(fd)
             opened.remove(fd)
@@ -127,81 +115,47 @@ def _run(setup: Setup, code: str, inputs: Mapping[str, bytes], slot: int) -> Run
             return _watch(proc, report_r, setup.limits, started)
         finally:
             _kill(proc)
-            with _adopting:
-                _own.discard(proc.pid)
     finally:
         for fd in opened:
             with contextlib.suppress(OSError):
                 os.close(fd)
 
 
-_PR_SET_CHILD_SUBREAPER = 36
-_adopting = threading.Lock()
-_adopted = False
-# The sandboxes this process started and waits for itself: never reaped as orphans.
-_own: set[int] = set()
-
-
-def adopt_orphans() -> None:
-    """Make this process the reaper of its orphaned descendants (``PR_SET_CHILD_SUBREAPER``).
-
-    bwrap's outer process exits as soon as it hears the sandbox's status, leaving the
-    sandbox's first process (``bwrap`` as PID 1 of the namespace) to whoever adopts it. Left
-    to an init that reaps lazily (or to nobody, when the worker is PID 1 of a container),
-    those zombies count against the sandbox user's ``RLIMIT_NPROC`` until no sandbox can
-    start. Adopted, the worker reaps them itself (``reap_orphans``)."""
-    global _adopted
-    with _adopting:
-        if _adopted:
-            return
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-        _adopted = True
-
-
-def reap_orphans(wait: float = 0.0) -> int:
-    """Reap this process's zombie ``bwrap`` children (adopted sandboxes' first processes);
-    with ``wait``, look again for up to that long until one is found. Other children are
-    left alone: they belong to whoever started them."""
-    me = os.getpid()
-    deadline = time.monotonic() + wait
-    reaped = 0
-    while True:
-        for entry in os.scandir("/proc"):
-            if not entry.name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry.name}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue
-            comm_end = stat.rfind(b")")
-            fields = stat[comm_end + 2 :].split()
-            comm = stat[stat.find(b"(") + 1 : comm_end]
-            pid = int(entry.name)
-            if comm != b"bwrap" or fields[0] != b"Z" or int(fields[1]) != me:
-                continue
-            with _adopting:
-                if pid in _own:
-                    continue
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-                    reaped += 1
-        if reaped or time.monotonic() >= deadline:
-            return reaped
-        time.sleep(0.01)
+def _children(pid: int) -> list[int]:
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(c) for c in f.read().split()]
+    except (OSError, ValueError):
+        return []
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.returncode is None:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(proc.pid, 0)
-        proc.returncode = -signal.SIGKILL
+    """Stop the sandbox (if it still runs) and close its streams."""
+    _stop(proc)
     for stream in (proc.stdout, proc.stderr):
         if stream is not None:
             stream.close()
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the sandbox if it still runs, and reap bwrap.
+
+    The sandboxed interpreter is bwrap's only child and PID 1 of its namespace
+    (``--as-pid-1``): killed first, it takes every process of the namespace with it, and
+    bwrap reaps it and exits. Killing bwrap first would orphan it (its zombie would count
+    against the uid's ``RLIMIT_NPROC`` until some init reaped it). The process group is the
+    fallback."""
+    if proc.returncode is None:
+        for child in _children(proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child, signal.SIGKILL)
+        deadline = time.monotonic() + EXIT_GRACE
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.005)
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
 
 def _watch(proc: subprocess.Popen[bytes], report_fd: int, limits: Limits, started: float) -> Run:
@@ -268,20 +222,12 @@ def _reap(proc: subprocess.Popen[bytes], deadline: float) -> int | None:
     """Wait for the sandbox until ``deadline`` (+ a grace), kill it past that. Its status
     (bwrap's: 128 + N for signal N), or None when it had to be killed."""
     until = max(deadline, time.monotonic()) + (EXIT_GRACE if deadline else 0.0)
-    killed = False
-    while True:
-        pid, status = os.waitpid(proc.pid, os.WNOHANG)
-        if pid:
-            break
-        if time.monotonic() >= until and not killed:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(proc.pid, signal.SIGKILL)
-            killed = True
+    while proc.poll() is None:
+        if time.monotonic() >= until:
+            _stop(proc)
+            return None
         time.sleep(0.005)
-    code = os.waitstatus_to_exitcode(status)
-    proc.returncode = code
-    if killed:
-        return None
+    code = proc.returncode
     return 128 - code if code < 0 else code
 
 
