@@ -2,9 +2,10 @@
 and the report with caps while the wall clock runs, kill the whole sandbox at the first
 limit, and say what happened.
 
-The sandbox runs in a session of its own; killing it is ``SIGKILL`` to that process group.
-``bwrap --die-with-parent`` and the PID namespace do the rest: when the namespace's first
-process dies, the kernel kills every process left in it, however it forked or re-parented.
+Killing a sandbox is ``SIGKILL`` to the interpreter, PID 1 of its namespace: the kernel then
+kills every process left in the namespace, however it forked or re-parented, and bwrap reaps
+it and exits (its session's process group is the fallback). ``bwrap --die-with-parent`` ends
+the sandbox if the worker itself dies.
 Nothing is buffered past its cap: a run printing a gibibyte costs the worker at most
 ``output_bytes`` of memory per stream.
 """
@@ -62,7 +63,7 @@ class Run:
 
 
 def _memfd(name: str, data: bytes) -> int:
-    fd = os.memfd_create(name, 0)
+    fd = os.memfd_create(name, os.MFD_CLOEXEC)  # pass_fds hands it to bwrap alone
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view) :]
@@ -71,6 +72,8 @@ def _memfd(name: str, data: bytes) -> int:
 
 
 def run(setup: Setup, code: str, inputs: Mapping[str, bytes], slot: int = 0) -> Run:
+    """Run ``code`` with ``inputs`` (name → bytes) in a new sandbox, as slot ``slot``'s user.
+    Returns within ``wall_seconds`` (and a grace second); the sandbox is gone by then."""
     opened: list[int] = []
 
     def keep(fd: int) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import dataclasses
 import mimetypes
 import os
 import queue
@@ -254,7 +255,7 @@ def _probe(name: str, setup: runner.Setup) -> None:
     probe_limits = Limits(wall_seconds=max(setup.limits.wall_seconds, 10.0))
     try:
         done = runner.run(
-            runner.Setup(**{**setup.__dict__, "limits": probe_limits}),
+            dataclasses.replace(setup, limits=probe_limits),
             "import sys\nprint(sys.version_info[0])",
             {},
         )
