@@ -55,6 +55,13 @@ class ErrorCode(StrEnum):
     MCP_RESPONSE_ID_MISMATCH = "mcp_response_id_mismatch"
     # A read whose structuredContent does not match the tool's published outputSchema.
     MCP_INVALID_OUTPUT = "mcp_invalid_output"
+    # The run_python tool's sandbox (callgate.worker.sandbox): a run past one of its limits.
+    SANDBOX_TIMEOUT = "sandbox_timeout"
+    SANDBOX_CPU = "sandbox_cpu"
+    SANDBOX_MEMORY = "sandbox_memory"
+    SANDBOX_PROCESSES = "sandbox_processes"
+    SANDBOX_FILES = "sandbox_files"
+    SANDBOX_OUTPUT_LIMIT = "sandbox_output_limit"
     # Input, configuration and infrastructure.
     INVALID_INPUT = "invalid_input"
     INVALID_CONFIGURATION = "invalid_configuration"

@@ -140,6 +140,9 @@ class ResultLimits:
     max_string: int = 2_000
     max_items: int = 100
     max_depth: int = 6
+    # Images a result carries as ``{"mime_type": "image/png", "data_base64": "…"}``: their
+    # decoded size at most (0: none pass; see ``callgate.tools.results``).
+    max_image_bytes: int = 0
 
 
 @dataclass(frozen=True)

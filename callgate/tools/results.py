@@ -10,6 +10,8 @@ and the turn's server-trusted context, never from a result.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import math
 import re
 from collections.abc import Mapping
@@ -67,9 +69,13 @@ def bounded_value(value: Any, limits: ResultLimits, notes: list[str], depth: int
         return "[truncated]"
     if isinstance(value, Mapping):
         pair = redaction.secret_pair(value)
+        image = image_data(value, limits, notes)
         out: dict[str, Any] = {}
         for key, item in list(value.items())[: limits.max_items]:
             name = storable(str(key), notes)
+            if name == IMAGE_DATA and isinstance(value.get(IMAGE_TYPE), str):
+                out[name] = image  # bytes of a picture, not text: the text rules do not apply
+                continue
             shown = redaction.redact_key(name, out, notes)
             if redaction.is_secret_name(name) or (pair and name in redaction.pair_value_keys()):
                 notes.append("secret_redacted")
@@ -92,6 +98,42 @@ def bounded_value(value: Any, limits: ResultLimits, notes: list[str], depth: int
         notes.append("non_finite_number_dropped")  # JSON has no NaN or Infinity
         return None
     return value
+
+
+# An image in a result: ``{"mime_type": "image/png", "data_base64": "…"}``. Its data is
+# not text, so the text rules (which would take a long base64 run for a token) do not apply;
+# instead it passes only when it decodes, its first bytes are the declared format's, and it
+# fits the tool's ``max_image_bytes``. Anything else under that key is withheld (None).
+IMAGE_TYPE = "mime_type"
+IMAGE_DATA = "data_base64"
+IMAGE_MAGIC = {
+    "image/png": (b"\x89PNG\r\n\x1a\n",),
+    "image/jpeg": (b"\xff\xd8\xff",),
+    "image/gif": (b"GIF87a", b"GIF89a"),
+}
+
+
+def image_data(value: Mapping[str, Any], limits: ResultLimits, notes: list[str]) -> str | None:
+    """The ``data_base64`` of an image mapping that may pass whole; None (noted) if not."""
+    data, kind = value.get(IMAGE_DATA), value.get(IMAGE_TYPE)
+    if not isinstance(kind, str) or IMAGE_DATA not in value:
+        return None
+    magic = IMAGE_MAGIC.get(kind)
+    if not isinstance(data, str) or magic is None or limits.max_image_bytes <= 0:
+        notes.append("image_withheld")
+        return None
+    if len(data) > (limits.max_image_bytes + 2) // 3 * 4 + 4:
+        notes.append("image_withheld")
+        return None
+    try:
+        raw = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        notes.append("image_withheld")
+        return None
+    if len(raw) > limits.max_image_bytes or not raw.startswith(magic):
+        notes.append("image_withheld")
+        return None
+    return data
 
 
 def redact_text(text: str, max_length: int, notes: list[str] | None = None) -> str:

@@ -1,0 +1,325 @@
+"""The code sandbox's escape suite, through a real worker: each attempt runs as a
+``run_python`` call of its own turn, and is checked from outside the sandbox.
+
+Every attempt ends with its stable code or a contained failure (the code's own error, in a
+successful result); the worker process is the same one throughout and serves the next call;
+planted secrets in the worker's environment never appear; the canary folder outside, and
+the repository, are unchanged. Small limits (2 s wall, 1 s CPU, 256 MiB) keep it short.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import json
+import statistics
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from callgate.core.settings import Settings
+from callgate.ops.stack import Stack, wait_for_workers
+from callgate.producer import Producer
+
+pytestmark = pytest.mark.services
+
+REPO = Path(__file__).resolve().parents[2]
+SECRET = "sandboxcanary7f3e1d"  # plain letters: found only if it leaks, never redacted
+CTX = {"request_id": "req-sbx", "tenant_id": "tenant-a", "user_id": "u-1", "roles": ["analyst"]}
+AMOUNTS = [12.5, 40.0, 7.25, 19.0, 33.75]
+
+
+def _tree(folder: Path) -> dict[str, str]:
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
+
+
+def _repo_state() -> str:
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sandbox")
+    csv = root / "sales.csv"
+    csv.write_text("day,amount\n" + "".join(f"{i},{a}\n" for i, a in enumerate(AMOUNTS)))
+    csv.chmod(0o600)  # the worker reads it; the sandbox's user could not
+    canary = root / "canary"
+    canary.mkdir()
+    (canary / "keep.txt").write_text("unchanged\n")
+    return {"root": root, "csv": csv, "canary": canary}
+
+
+@pytest.fixture(scope="module")
+def env(world: dict[str, Path], make_own_database: Any, redis_url: str) -> dict[str, str]:
+    return {
+        "CALLGATE_DATABASE_URL": make_own_database(),
+        "CALLGATE_REDIS_URL": redis_url,
+        "CALLGATE_QUEUE": f"t-sbx-{uuid.uuid4().hex[:8]}",
+        "CALLGATE_TOOLS": "tests.acceptance.sandbox_tools:registry",
+        "CALLGATE_WORKER_CONCURRENCY": "4",
+        "SANDBOX_TEST_CSV": str(world["csv"]),
+        # Planted: the worker has them, the sandbox must not.
+        "CALLGATE_SANDBOX_PLANTED": SECRET,
+        "OPENAI_API_KEY": SECRET,
+    }
+
+
+@pytest.fixture(scope="module")
+def stack(env: dict[str, str], world: dict[str, Path]) -> Iterator[Stack]:
+    s = Stack(env=env, workers=1, sweeper=False, log_path=str(world["root"] / "stack.log"))
+    s.__enter__()
+    try:
+        wait_for_workers(env["CALLGATE_REDIS_URL"], env["CALLGATE_QUEUE"], 1, timeout=60)
+        yield s
+    finally:
+        s.stop()
+
+
+@pytest.fixture(scope="module")
+def producer(env: dict[str, str], stack: Stack) -> Iterator[Producer]:
+    p = Producer.from_env(Settings.from_env(env))
+    yield p
+    p.close()
+
+
+def run(producer: Producer, code: str) -> dict[str, Any]:
+    """One call in a turn of its own; its result as plain JSON."""
+    call_id = f"c-{uuid.uuid4().hex[:8]}"
+    proposal = {"call_id": call_id, "tool_name": "run_python", "arguments": {"code": code}}
+    turn = producer.submit([proposal], CTX)
+    collected = producer.collect(turn.turn_id, timeout=30)
+    assert collected.complete, collected.pending
+    (result,) = collected.results
+    return json.loads(result.model_dump_json())
+
+
+def code_of(result: dict[str, Any]) -> str | None:
+    return str(result["error"]["code"]) if result["status"] != "succeeded" else None
+
+
+def content(result: dict[str, Any]) -> dict[str, Any]:
+    assert result["status"] == "succeeded", result
+    assert result["data"]["trust"] == "untrusted_tool_output"
+    body: dict[str, Any] = result["data"]["content"]
+    return body
+
+
+def error_type(result: dict[str, Any]) -> str | None:
+    err = content(result)["error"]
+    return err["type"] if err else None
+
+
+# (name, code, what must hold of the result)
+ATTEMPTS: list[tuple[str, str, Any]] = [
+    (
+        "tcp to Postgres",
+        "import socket; socket.create_connection(('127.0.0.1', 5432), timeout=1)",
+        lambda r: error_type(r) in ("ConnectionRefusedError", "OSError"),
+    ),
+    (
+        "tcp to Redis",
+        "import socket; socket.create_connection(('127.0.0.1', 6379), timeout=1)",
+        lambda r: error_type(r) in ("ConnectionRefusedError", "OSError"),
+    ),
+    (
+        "tcp to a public address",
+        "import socket; socket.create_connection(('1.1.1.1', 443), timeout=1)",
+        lambda r: error_type(r) == "OSError" and "unreachable" in content(r)["error"]["message"],
+    ),
+    (
+        "a name lookup",
+        "import socket; socket.getaddrinfo('pypi.org', 443)",
+        lambda r: error_type(r) == "gaierror",
+    ),
+    (
+        "pip install",
+        "import subprocess, sys\n"
+        "r = subprocess.run([sys.executable, '-m', 'pip', 'install', '--break-system-packages',"
+        " '--retries', '0', '--timeout', '1', '--no-cache-dir', 'pyjokes'], capture_output=True)"
+        "\nr.returncode",
+        # No network: pip fails (or is still retrying at the wall clock).
+        lambda r: (
+            code_of(r) in ("sandbox_timeout", "sandbox_cpu")
+            or content(r)["value"] not in (None, "0")
+        ),
+    ),
+    (
+        "/etc/shadow",
+        "open('/etc/shadow').read()",
+        lambda r: error_type(r) == "FileNotFoundError",
+    ),
+    (
+        "the worker's environ",
+        "open('/proc/{worker}/environ').read()",
+        lambda r: error_type(r) == "FileNotFoundError",
+    ),
+    (
+        "every environ in sight",
+        "import os, glob\nprint(dict(os.environ))\n"
+        "for p in glob.glob('/proc/*/environ'):\n"
+        "    try: print(p, open(p, 'rb').read())\n"
+        "    except OSError as e: print(p, e)",
+        lambda r: "CALLGATE" not in content(r)["stdout"] and "OPENAI" not in content(r)["stdout"],
+    ),
+    (
+        "the repository",
+        f"import os; os.listdir({str(REPO)!r})",
+        lambda r: error_type(r) == "FileNotFoundError",
+    ),
+    (
+        "~/.ssh and /root",
+        "import os; os.listdir('/root')",
+        lambda r: error_type(r) == "FileNotFoundError",
+    ),
+    (
+        "write outside scratch",
+        "import os\nhits = []\n"
+        "for p in ['/usr/x', '/opt/site/x', '/input/x', '/x', '/proc/x', '/sandbox/x',"
+        " '{canary}/x', '{canary}/keep.txt']:\n"
+        "    try:\n        open(p, 'w').write('x'); hits.append(p)\n"
+        "    except OSError: pass\nhits",
+        lambda r: content(r)["value"] == "[]",
+    ),
+    ("a fork bomb", "import os\nwhile True:\n    os.fork()", "sandbox_processes"),
+    ("10 GiB", "b = bytearray(10 << 30)", "sandbox_memory"),
+    ("a busy loop", "while True:\n    pass", "sandbox_cpu"),
+    ("a sleep", "import time; time.sleep(60)", "sandbox_timeout"),
+    (
+        "1 GiB of output",
+        "import sys\nchunk = 'x' * 65536\nfor _ in range(16384):\n    sys.stdout.write(chunk)",
+        "sandbox_output_limit",
+    ),
+    (
+        "a million files",
+        "for i in range(10**6):\n    open(f'/tmp/f{{i}}', 'w').close()",
+        ("sandbox_cpu", "sandbox_timeout", "sandbox_files"),
+    ),
+    ("a file too large", "open('/tmp/big', 'wb').write(b'x' * (8 << 20))", "sandbox_files"),
+    (
+        "too many output files",
+        "for i in range(50):\n    open(f'/output/f{{i}}.txt', 'w').write('x')",
+        "sandbox_files",
+    ),
+    (
+        "ptrace",
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "(libc.ptrace(16, {worker}, 0, 0), ctypes.get_errno(), libc.ptrace(16, 1, 0, 0),"
+        " ctypes.get_errno())",
+        lambda r: content(r)["value"] == "(-1, 1, -1, 1)",  # EPERM: seccomp
+    ),
+    (
+        "kill the worker",
+        "import os; os.kill({worker}, 9)",
+        lambda r: error_type(r) == "ProcessLookupError",
+    ),
+    (
+        "kill everything it sees",
+        "import os, signal\nfor p in os.listdir('/proc'):\n    if p.isdigit() and int(p) != "
+        "os.getpid():\n        try: os.kill(int(p), signal.SIGKILL)\n        except OSError: pass",
+        lambda r: True,  # it may kill its own sandbox: the worker must not care
+    ),
+    (
+        "/proc/self/exe",
+        "hits = []\nfor p in ['/proc/self/exe', '/proc/1/exe']:\n    try:\n"
+        "        open(p, 'r+b'); hits.append(p)\n    except OSError: pass\nhits",
+        lambda r: content(r)["value"] == "[]",
+    ),
+    (
+        "new namespaces",
+        "import ctypes\nlibc = ctypes.CDLL(None, use_errno=True)\n"
+        "(libc.unshare(0x10000000), libc.unshare(0x40000000), libc.mount(b'x', b'/tmp', b'tmpfs',"
+        " 0, None))",
+        lambda r: content(r)["value"] == "(-1, -1, -1)",
+    ),
+    (
+        "symlinks out of the output folder",
+        "import os\nos.symlink('/etc/passwd', '/output/passwd')\n"
+        "os.symlink('{canary}/keep.txt', '/output/canary')\n"
+        "os.symlink('/usr/bin', '/output/bin')\nopen('/output/ok.txt', 'w').write('fine')",
+        lambda r: (
+            [f["name"] for f in content(r)["files"]] == ["ok.txt"]
+            and sorted(content(r)["skipped_files"]) == ["bin", "canary", "passwd"]
+        ),
+    ),
+]
+
+
+def test_each_escape_is_contained_and_the_worker_serves_on(
+    producer: Producer, stack: Stack, world: dict[str, Path]
+) -> None:
+    worker = stack.procs["worker-1"]
+    canary_before, repo_before = _tree(world["canary"]), _repo_state()
+    failures = []
+    started = time.monotonic()
+    for name, template, expect in ATTEMPTS:
+        code = template.format(worker=worker.pid, canary=world["canary"])
+        result = run(producer, code)
+        if SECRET in json.dumps(result):
+            failures.append(f"{name}: the planted secret leaked")
+        if isinstance(expect, str | tuple):
+            codes = (expect,) if isinstance(expect, str) else expect
+            if code_of(result) not in codes:
+                failures.append(f"{name}: expected {codes}, got {result}")
+        elif not expect(result):
+            failures.append(f"{name}: not contained as expected: {result}")
+        # The same worker process, alive, serves the next call.
+        assert worker.poll() is None, f"the worker died during {name!r}"
+        after = run(producer, "6 * 7")
+        if content(after)["value"] != "42":
+            failures.append(f"after {name}: the next call failed: {after}")
+    assert failures == [], "\n".join(failures)
+    assert _tree(world["canary"]) == canary_before
+    assert _repo_state() == repo_before
+    assert stack.alive() == ["worker-1", "relayer"]
+    print(f"escape suite: {len(ATTEMPTS)} attempts in {time.monotonic() - started:.1f} s")
+
+
+PLOT = """
+import csv, statistics
+rows = list(csv.DictReader(open('/input/sales.csv')))
+amounts = [float(r['amount']) for r in rows]
+try:
+    import matplotlib.pyplot as plt
+    plt.figure(figsize=(3, 2))
+    plt.bar(range(len(amounts)), amounts)
+    plt.savefig('/output/sales.png')
+except ImportError:  # no matplotlib in the sandbox: a grey PNG from the standard library
+    import struct, zlib
+    def chunk(kind, data):
+        body = kind + data
+        return struct.pack('>I', len(data)) + body + struct.pack('>I', zlib.crc32(body))
+    raw = b''.join(b'\\x00' + b'\\x80' * 32 for _ in range(16))
+    header = struct.pack('>IIBBBBB', 32, 16, 8, 0, 0, 0, 0)
+    png = (b'\\x89PNG\\r\\n\\x1a\\n' + chunk(b'IHDR', header)
+           + chunk(b'IDAT', zlib.compress(raw)) + chunk(b'IEND', b''))
+    open('/output/sales.png', 'wb').write(png)
+print('rows', len(rows))
+statistics.mean(amounts)
+"""
+
+
+def test_a_statistic_over_an_attached_csv_and_a_plot(producer: Producer) -> None:
+    body = content(run(producer, PLOT))
+    assert body["exit_code"] == 0, body
+    assert body["stdout"] == f"rows {len(AMOUNTS)}\n"
+    assert float(body["value"]) == pytest.approx(statistics.mean(AMOUNTS))
+    (image,) = body["files"]
+    assert image["name"] == "sales.png" and image["mime_type"] == "image/png"
+    png = base64.b64decode(image["data_base64"])
+    assert png.startswith(b"\x89PNG\r\n\x1a\n") and len(png) == image["size"]
