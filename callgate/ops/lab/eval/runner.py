@@ -1,0 +1,366 @@
+"""``callgate eval run``: every fixture through the real pipeline, on a scratch database.
+
+The recorded answer is read by the surface's adapter; its calls are submitted by a
+``Producer``, checked by the gate and run by real worker processes against the suite's test
+doubles; the relayer publishes the results and the producer's fan-in collects them. A call
+parked for approval has its request read (the impact the server computed) and, when the
+fixture says so, is approved and collected again. Handler runs and effects are counted in the
+doubles' ledger. The checks are ``scoring``'s; this module only observes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO, cast
+
+from sqlalchemy import Engine, text
+from sqlalchemy.engine import make_url
+
+from callgate.core.errors import CallgateError, ConfigurationError, InputError
+from callgate.core.settings import Settings
+from callgate.core.types import ProposedCall
+from callgate.ops.cli.common import apply_migrations, dispatch_after_decision, embedded_services
+from callgate.ops.lab.eval import ledger, scoring
+from callgate.ops.lab.eval.fixture import AWAITING_APPROVAL, SUCCEEDED, Fixture, Suite, Turn
+from callgate.ops.lab.eval.surfaces import mentioned_names, text_of
+from callgate.ops.stack import Stack, wait_for_workers
+from callgate.producer import Producer, adapters
+from callgate.producer.adapters import AdapterError
+from callgate.producer.producer import Collected
+from callgate.store import approvals, db
+
+COLLECT_SECONDS = 30.0
+APPROVER = "callgate-eval"
+
+
+@dataclass(frozen=True)
+class Options:
+    answers: Sequence[str] = ("good",)
+    surfaces: frozenset[str] | None = None  # None: every surface a fixture has
+    workers: int = 2
+    tools: str | None = None  # another registry for the suite's tools (a broken double)
+    log_path: str | None = None  # the worker, relayer and sweeper logs (default: discarded)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One answer set's turns, as run."""
+
+    answer: str
+    turns: list[scoring.TurnRun]
+    seconds: float
+
+
+def run_suite(settings: Settings, suite: Suite, options: Options, progress: TextIO) -> list[Run]:
+    """Run ``suite`` once per answer set on a scratch database and queue of its own."""
+    for answer in options.answers:
+        if not any(answer in f.answer_sets() for f in suite.fixtures):
+            raise InputError(f"no fixture of suite {suite.config.name!r} has answers {answer!r}")
+    tools = options.tools or suite.config.tools
+    doubles = importlib.import_module(suite.config.doubles or tools.split(":")[0])
+    with scratch(settings) as scratch_settings:
+        engine = db.create(scratch_settings.require_database(), application_name="callgate-eval")
+        try:
+            doubles.install(engine)
+            return _run(scratch_settings, engine, suite, options, tools, doubles, progress)
+        finally:
+            engine.dispose()
+
+
+@contextmanager
+def scratch(settings: Settings) -> Iterator[Settings]:
+    """Migrated scratch services: embedded ones (a temporary folder) when no URL is set;
+    with CALLGATE_DATABASE_URL, a database created beside it (dropped at the end) and with
+    CALLGATE_REDIS_URL, queue names of their own. Nothing of the configured ones is touched."""
+    queue = f"eval-{uuid.uuid4().hex[:10]}"
+    with tempfile.TemporaryDirectory(prefix="callgate-eval-") as tmp:
+        if settings.database_url:
+            with (
+                _scratch_database(settings.database_url) as url,
+                embedded_services(settings.replace(database_url=url), Path(tmp)) as ready,
+            ):
+                yield _migrated(ready.replace(queue=queue))
+        else:
+            with embedded_services(settings, Path(tmp)) as ready:
+                yield _migrated(ready.replace(queue=queue))
+
+
+def _migrated(settings: Settings) -> Settings:
+    apply_migrations(settings, demo_downstream=False, reset_demo=False)
+    return settings
+
+
+@contextmanager
+def _scratch_database(url: str) -> Iterator[str]:
+    name = f"callgate_eval_{uuid.uuid4().hex[:12]}"
+    admin = db.create(url, pool_size=1, application_name="callgate-eval")
+    try:
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:
+        admin.dispose()
+        raise ConfigurationError(
+            f"callgate eval creates a scratch database beside CALLGATE_DATABASE_URL and "
+            f"could not ({type(exc).__name__}); grant CREATEDB, or unset the URL to use "
+            "embedded services"
+        ) from None
+    try:
+        yield make_url(url).set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+
+def _run(
+    settings: Settings,
+    engine: Engine,
+    suite: Suite,
+    options: Options,
+    tools: str,
+    doubles: Any,
+    progress: TextIO,
+) -> list[Run]:
+    env = {
+        "CALLGATE_DATABASE_URL": settings.require_database(),
+        "CALLGATE_REDIS_URL": settings.require_redis(),
+        "CALLGATE_QUEUE": settings.queue,
+        "CALLGATE_TOOLS": tools,
+        "CALLGATE_ALLOWLIST": "",
+        "CALLGATE_METRICS_PORT": "0",
+    }
+    producer_settings = settings.replace(tools=tools, allowlist=None)
+    log_path = options.log_path or os.devnull
+    with Stack(env=env, workers=options.workers, log_path=log_path):
+        wait_for_workers(settings.require_redis(), settings.queue, options.workers)
+        producer = Producer.from_env(producer_settings)
+        try:
+            cases = [
+                (answer, fixture, surface)
+                for answer in options.answers
+                for fixture in suite.fixtures
+                for surface in sorted(fixture.surfaces(answer))
+                if options.surfaces is None or surface in options.surfaces
+            ]
+            if not cases:
+                raise InputError("no fixture has a recorded answer on the surfaces asked for")
+            runs: dict[str, list[scoring.TurnRun]] = {a: [] for a in options.answers}
+            started = {a: 0.0 for a in options.answers}
+            for n, (answer, fixture, surface) in enumerate(cases, 1):
+                t0 = time.monotonic()
+                doubles.seed(engine, dict(fixture.setup))
+                turns = _case(producer, settings, engine, fixture, answer, surface)
+                runs[answer].extend(turns)
+                started[answer] += time.monotonic() - t0
+                _progress(progress, n, len(cases), fixture, answer, surface, turns, t0)
+        finally:
+            producer.close()
+    return [Run(a, runs[a], started[a]) for a in options.answers]
+
+
+def _progress(
+    out: TextIO,
+    n: int,
+    total: int,
+    fixture: Fixture,
+    answer: str,
+    surface: str,
+    turns: list[scoring.TurnRun],
+    t0: float,
+) -> None:
+    checks = [c for t in turns for c in scoring.score(t)]
+    failed = sum(not c.passed for c in checks)
+    width = 20
+    bar = "#" * (width * n // total) + "." * (width - width * n // total)
+    verdict = "ok" if not failed else f"{failed} check(s) failed"
+    took = time.monotonic() - t0
+    out.write(f"[{bar}] {n}/{total} {fixture.id} {surface} {answer}: {verdict} ({took:.1f} s)\n")
+    out.flush()
+
+
+def _case(
+    producer: Producer,
+    settings: Settings,
+    engine: Engine,
+    fixture: Fixture,
+    answer: str,
+    surface: str,
+) -> list[scoring.TurnRun]:
+    registry = producer.registry
+    schemas = {name: t.parameters() for name, t in registry.tools.items()}
+    conversation = f"eval-{fixture.id}-{uuid.uuid4().hex[:8]}"
+    out = []
+    for index, turn in enumerate(fixture.turns):
+        response = cast(dict[str, Any], turn.answers[answer])[surface]
+        base = scoring.TurnRun(
+            fixture_id=fixture.id,
+            category=fixture.category,
+            turn_index=index,
+            answer=answer,
+            surface=surface,
+            expect=turn,
+            exposed=frozenset(fixture.tools),
+            schemas=schemas,
+            proposed=(),
+        )
+        known = set(schemas) | set(fixture.tools) | mentioned_names(surface, response)
+        try:
+            proposals = adapters.read_proposals(surface, response, known)
+        except AdapterError as exc:
+            out.append(_replace(base, read_error=f"{exc.code}: {exc.message}"))
+            continue
+        proposed = [scoring.Proposed(p.call_id, p.tool_name, p.arguments) for p in proposals]
+        observed = _observe(producer, settings, engine, fixture, turn, conversation, proposals)
+        final = (
+            cast(dict[str, Any], turn.final.answers.get(answer, {})).get(surface)
+            if turn.final
+            else None
+        )
+        out.append(
+            _replace(
+                base,
+                proposed=proposed,
+                final_text=text_of(surface, final) if final is not None else None,
+                **observed,
+            )
+        )
+    return out
+
+
+def _replace(run: scoring.TurnRun, **changes: Any) -> scoring.TurnRun:
+    from dataclasses import replace
+
+    return replace(run, **changes)
+
+
+def _observe(
+    producer: Producer,
+    settings: Settings,
+    engine: Engine,
+    fixture: Fixture,
+    turn: Turn,
+    conversation: str,
+    proposals: list[ProposedCall],
+) -> dict[str, Any]:
+    if not proposals:
+        return {}
+    principal = fixture.principal
+    tenant = principal.tenant_id
+    context = {
+        "request_id": f"{conversation}-{uuid.uuid4().hex[:6]}",
+        "tenant_id": tenant,
+        "user_id": principal.user_id,
+        "roles": list(principal.roles),
+        "conversation_id": conversation,
+    }
+    submitted = producer.submit(proposals, context)
+    collected = _settle(producer, submitted.turn_id)
+    ops = {c.call_id: c.operation_id for c in submitted.calls}
+    refs = {c.call_id: c.ref for c in submitted.calls}
+    counted = ledger.counts(engine, ops.values())
+    results = {r.call_id: r for r in collected.results}
+    executed: list[scoring.Executed] = []
+    for p in proposals:
+        runs, effects = counted.get(ops.get(p.call_id, ""), (0, 0))
+        outcome, data = _outcome(results.get(p.call_id), collected, p.call_id)
+        approval, after_effects, after_outcome = None, None, None
+        if outcome == AWAITING_APPROVAL:
+            approval_id = collected.awaiting_approval[p.call_id]
+            request = approvals.show(engine, approval_id, tenant=tenant)
+            approval = dict(request.get("impact") or {})
+            rule = turn.executor.get(p.tool_name)
+            if rule and rule.approval and rule.approval.then == "approve":
+                after_outcome, after_effects = _approve(
+                    producer,
+                    settings,
+                    engine,
+                    approval_id,
+                    tenant,
+                    submitted.turn_id,
+                    p.call_id,
+                    ops[p.call_id],
+                )
+        executed.append(
+            scoring.Executed(
+                call_id=p.call_id,
+                tool_name=p.tool_name,
+                outcome=outcome,
+                handler_runs=runs,
+                effects=effects,
+                trace_id=refs.get(p.call_id, submitted.turn_id),
+                data=data,
+                approval=approval,
+                effects_after_approval=after_effects,
+                outcome_after_approval=after_outcome,
+            )
+        )
+    return {
+        "executed": executed,
+        "turn_id": submitted.turn_id,
+        "joined": _joined(collected, proposals),
+    }
+
+
+def _settle(producer: Producer, turn_id: str) -> Collected:
+    """The turn once every call has a result or waits for a person (collect alone would
+    wait out its timeout for a parked call)."""
+    deadline = time.monotonic() + COLLECT_SECONDS
+    while True:
+        left = deadline - time.monotonic()
+        collected = producer.collect(turn_id, timeout=max(0.0, min(0.5, left)))
+        if collected.complete or not collected.pending or left <= 0:
+            return collected
+
+
+def _outcome(result: Any, collected: Collected, call_id: str) -> tuple[str, dict[str, Any]]:
+    if result is None:
+        if call_id in collected.awaiting_approval:
+            return AWAITING_APPROVAL, {}
+        return ("pending" if call_id in collected.pending else "missing"), {}
+    if result.status == SUCCEEDED:
+        data = dict(result.data)
+        content = data.get("content")
+        return SUCCEEDED, dict(content) if isinstance(content, dict) else data
+    return str(result.error.code), {}
+
+
+def _joined(collected: Collected, proposals: list[ProposedCall]) -> bool:
+    """Every result joined to one proposal by call id and tool name, none twice: the check
+    the surface's own result message makes (``write_results``), on what has finished."""
+    finished = [p for p in proposals if p.call_id not in collected.awaiting_approval]
+    ids = [r.call_id for r in collected.results]
+    if len(ids) != len(set(ids)) or set(ids) != {p.call_id for p in finished}:
+        return False
+    if not finished:
+        return True
+    try:
+        adapters.write_results("openai-chat", finished, collected.results)
+    except CallgateError:
+        return False
+    return True
+
+
+def _approve(
+    producer: Producer,
+    settings: Settings,
+    engine: Engine,
+    approval_id: str,
+    tenant: str,
+    turn_id: str,
+    call_id: str,
+    operation_id: str,
+) -> tuple[str, int]:
+    refs = approvals.approve(engine, approval_id, by=APPROVER, tenant=tenant)
+    dispatch_after_decision(settings, refs)
+    again = _settle(producer, turn_id)
+    found = {r.call_id: r for r in again.results}
+    outcome, _ = _outcome(found.get(call_id), again, call_id)
+    return outcome, ledger.counts(engine, [operation_id])[operation_id][1]
