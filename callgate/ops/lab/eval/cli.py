@@ -57,6 +57,12 @@ def eval_group() -> None:
     default=None,
     help="module:attribute of another registry for the suite's tools (a double of your own).",
 )
+@click.option(
+    "--keep",
+    is_flag=True,
+    help="Keep the scratch data so the report's trace ids work with `callgate trace`: the "
+    "scratch database's URL is printed, or the embedded services' data stays in OUT/data.",
+)
 def run_cmd(
     suite: str,
     surfaces: tuple[str, ...],
@@ -64,6 +70,7 @@ def run_cmd(
     out: Path,
     workers: int,
     tools: str | None,
+    keep: bool,
 ) -> None:
     """Run SUITE (a folder, or builtin) through the real pipeline on scratch services.
 
@@ -78,6 +85,7 @@ def run_cmd(
         workers=workers,
         tools=tools,
         log_path=str(out / "eval-processes.log"),
+        keep=(out / "data").resolve() if keep else None,
     )
     command = " ".join(["callgate", "eval", "run", *sys.argv[3:]]) if len(sys.argv) > 2 else ""
     out.mkdir(parents=True, exist_ok=True)

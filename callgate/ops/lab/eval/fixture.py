@@ -54,9 +54,19 @@ class ExpectedCall(_Strict):
     @field_validator("arguments", mode="before")
     @classmethod
     def _matchers(cls, raw: Any) -> Any:
-        if isinstance(raw, Mapping):
-            return {k: matchers.parse(v) for k, v in raw.items()}
-        return raw
+        if not isinstance(raw, Mapping):
+            return raw
+        parsed = {}
+        for name, value in raw.items():
+            try:
+                parsed[name] = matchers.parse(value)
+            except ValidationError as exc:
+                problem = exc.errors()[0]
+                where = "/".join(str(p) for p in problem["loc"])
+                raise ValueError(
+                    f"argument {name!r}: {where + ': ' if where else ''}{problem['msg']}"
+                ) from None
+        return parsed
 
 
 class Approval(_Strict):

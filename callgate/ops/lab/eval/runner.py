@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TextIO, cast
 
@@ -48,6 +48,7 @@ class Options:
     workers: int = 2
     tools: str | None = None  # another registry for the suite's tools (a broken double)
     log_path: str | None = None  # the worker, relayer and sweeper logs (default: discarded)
+    keep: Path | None = None  # keep the scratch data (embedded: in this folder) for tracing
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ def run_suite(settings: Settings, suite: Suite, options: Options, progress: Text
             raise InputError(f"no fixture of suite {suite.config.name!r} has answers {answer!r}")
     tools = options.tools or suite.config.tools
     doubles = importlib.import_module(suite.config.doubles or tools.split(":")[0])
-    with scratch(settings) as scratch_settings:
+    with scratch(settings, options.keep, progress) as scratch_settings:
         engine = db.create(scratch_settings.require_database(), application_name="callgate-eval")
         try:
             doubles.install(engine)
@@ -76,21 +77,34 @@ def run_suite(settings: Settings, suite: Suite, options: Options, progress: Text
 
 
 @contextmanager
-def scratch(settings: Settings) -> Iterator[Settings]:
-    """Migrated scratch services: embedded ones (a temporary folder) when no URL is set;
-    with CALLGATE_DATABASE_URL, a database created beside it (dropped at the end) and with
-    CALLGATE_REDIS_URL, queue names of their own. Nothing of the configured ones is touched."""
+def scratch(
+    settings: Settings, keep: Path | None = None, out: TextIO | None = None
+) -> Iterator[Settings]:
+    """Migrated scratch services: embedded ones (in a temporary folder, or in ``keep``) when
+    no URL is set; with CALLGATE_DATABASE_URL, a database created beside it (dropped at the
+    end unless ``keep`` is given) and with CALLGATE_REDIS_URL, queue names of their own.
+    Nothing of the configured ones is touched. What is kept is named on ``out``, so the
+    report's trace ids can be read with ``callgate trace``."""
     queue = f"eval-{uuid.uuid4().hex[:10]}"
     with tempfile.TemporaryDirectory(prefix="callgate-eval-") as tmp:
+        folder = keep or Path(tmp)
         if settings.database_url:
             with (
-                _scratch_database(settings.database_url) as url,
-                embedded_services(settings.replace(database_url=url), Path(tmp)) as ready,
+                _scratch_database(settings.database_url, drop=keep is None) as url,
+                embedded_services(settings.replace(database_url=url), folder) as ready,
             ):
+                if keep is not None and out is not None:
+                    out.write(f"callgate eval: the scratch database is kept: {_shown(url)}\n")
                 yield _migrated(ready.replace(queue=queue))
         else:
-            with embedded_services(settings, Path(tmp)) as ready:
+            with embedded_services(settings, folder) as ready:
+                if keep is not None and out is not None:
+                    out.write(f"callgate eval: the embedded services' data is kept in {keep}\n")
                 yield _migrated(ready.replace(queue=queue))
+
+
+def _shown(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
 
 
 def _migrated(settings: Settings) -> Settings:
@@ -99,7 +113,7 @@ def _migrated(settings: Settings) -> Settings:
 
 
 @contextmanager
-def _scratch_database(url: str) -> Iterator[str]:
+def _scratch_database(url: str, *, drop: bool) -> Iterator[str]:
     name = f"callgate_eval_{uuid.uuid4().hex[:12]}"
     admin = db.create(url, pool_size=1, application_name="callgate-eval")
     try:
@@ -115,9 +129,14 @@ def _scratch_database(url: str) -> Iterator[str]:
     try:
         yield make_url(url).set(database=name).render_as_string(hide_password=False)
     finally:
-        with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        if drop:
+            _drop(admin, name)
         admin.dispose()
+
+
+def _drop(admin: Engine, name: str) -> None:
+    with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
 
 
 def _run(
@@ -215,7 +234,7 @@ def _case(
         try:
             proposals = adapters.read_proposals(surface, response, known)
         except AdapterError as exc:
-            out.append(_replace(base, read_error=f"{exc.code}: {exc.message}"))
+            out.append(replace(base, read_error=f"{exc.code}: {exc.message}"))
             continue
         proposed = [scoring.Proposed(p.call_id, p.tool_name, p.arguments) for p in proposals]
         observed = _observe(producer, settings, engine, fixture, turn, conversation, proposals)
@@ -225,7 +244,7 @@ def _case(
             else None
         )
         out.append(
-            _replace(
+            replace(
                 base,
                 proposed=proposed,
                 final_text=text_of(surface, final) if final is not None else None,
@@ -233,12 +252,6 @@ def _case(
             )
         )
     return out
-
-
-def _replace(run: scoring.TurnRun, **changes: Any) -> scoring.TurnRun:
-    from dataclasses import replace
-
-    return replace(run, **changes)
 
 
 def _observe(

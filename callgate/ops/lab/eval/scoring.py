@@ -8,6 +8,7 @@ only the model's table, and an executor's fault only the executor's.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -246,8 +247,6 @@ def _closest(call: ExpectedCall, proposed: Sequence[Proposed]) -> str:
 def _shown_call(p: Proposed) -> str:
     if isinstance(p.arguments, str):
         return f"{p.name}({p.arguments})"
-    import json
-
     return f"{p.name}({json.dumps(dict(p.arguments), ensure_ascii=False, sort_keys=True)})"
 
 

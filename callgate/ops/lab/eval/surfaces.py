@@ -53,10 +53,12 @@ def text_of(surface: str, response: Any) -> str:
     elif surface == "gemini-generate-content":
         for candidate in response.get("candidates") or []:
             for part in (candidate.get("content") or {}).get("parts") or []:
-                if "text" in part:
+                if "text" in part and not part.get("thought"):
                     parts.append(str(part["text"]))
     elif surface == "gemini-interactions":
-        for output in response.get("outputs") or []:
-            if output.get("type") == "text":
-                parts.append(str(output.get("text", "")))
+        for step in response.get("steps") or []:
+            if step.get("type") == "model_output":
+                for piece in step.get("content") or []:
+                    if piece.get("type") == "text":
+                        parts.append(str(piece.get("text", "")))
     return "\n".join(parts)
