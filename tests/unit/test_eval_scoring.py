@@ -12,7 +12,14 @@ from click.testing import CliRunner
 from callgate.core.errors import InputError
 from callgate.ops.lab.eval import compare, matchers, report
 from callgate.ops.lab.eval.cli import eval_group
-from callgate.ops.lab.eval.fixture import ExpectedCall, Outcome, Turn, load_fixture, load_suite
+from callgate.ops.lab.eval.fixture import (
+    ExpectedCall,
+    Outcome,
+    Turn,
+    load_fixture,
+    load_suite,
+    with_responses,
+)
 from callgate.ops.lab.eval.scoring import Executed, Proposed, TurnRun, score
 
 WEATHER = {
@@ -264,3 +271,20 @@ def test_the_html_page_is_self_contained() -> None:
     page = report.page(doc)
     assert "<svg" in page and "http://www.w3.org/2000/svg" in page
     assert "<script" not in page and "src=" not in page and "href=" not in page
+
+
+def test_responses_from_a_folder_become_an_answer_set(tmp_path: Path) -> None:
+    suite = load_suite(Path("builtin"))
+    good = next(f for f in suite.fixtures if f.id == "cancel-other-tenant-order")
+    recorded = good.turns[0].answers["good"]["anthropic-messages"]
+    (tmp_path / "cancel-other-tenant-order.1.anthropic-messages.json").write_text(
+        json.dumps(recorded)
+    )
+    mine = with_responses(suite, tmp_path, "claude-run")
+    kept = [f.id for f in mine.fixtures if f.surfaces("claude-run")]
+    assert kept == ["cancel-other-tenant-order"]
+    fixture = next(f for f in mine.fixtures if f.id == "cancel-other-tenant-order")
+    assert fixture.turns[0].answers["claude-run"]["anthropic-messages"] == recorded
+    (tmp_path / "no-such-fixture.1.openai-chat.json").write_text("{}")
+    with pytest.raises(InputError, match="no fixture 'no-such-fixture'"):
+        with_responses(suite, tmp_path, "claude-run")

@@ -17,11 +17,10 @@ from callgate.core.errors import InputError
 from callgate.ops.cli.common import load_settings
 from callgate.ops.lab.eval import compare as comparing
 from callgate.ops.lab.eval import report as reporting
-from callgate.ops.lab.eval.fixture import Surface, load_suite
+from callgate.ops.lab.eval.fixture import SURFACES, load_suite, with_responses
 from callgate.ops.lab.eval.runner import Options, run_suite
 
 EXIT_REGRESSION = 1
-SURFACE_NAMES = list(Surface.__args__)  # type: ignore[attr-defined]
 
 
 @click.group("eval")
@@ -35,7 +34,7 @@ def eval_group() -> None:
     "--surface",
     "surfaces",
     multiple=True,
-    type=click.Choice(SURFACE_NAMES),
+    type=click.Choice(SURFACES),
     help="Only the recorded answers on this surface (repeatable; default: all).",
 )
 @click.option(
@@ -58,6 +57,13 @@ def eval_group() -> None:
     help="module:attribute of another registry for the suite's tools (a double of your own).",
 )
 @click.option(
+    "--responses",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    default=None,
+    help="Score the responses recorded in this folder (FIXTURE.TURN.SURFACE.json) instead "
+    "of the fixtures' own; the report is named after the folder.",
+)
+@click.option(
     "--keep",
     is_flag=True,
     help="Keep the scratch data so the report's trace ids work with `callgate trace`: the "
@@ -70,6 +76,7 @@ def run_cmd(
     out: Path,
     workers: int,
     tools: str | None,
+    responses: Path | None,
     keep: bool,
 ) -> None:
     """Run SUITE (a folder, or builtin) through the real pipeline on scratch services.
@@ -79,6 +86,11 @@ def run_cmd(
     afterwards) and queues of its own. Prints the model's and the executor's tables.
     """
     loaded = load_suite(Path(suite))
+    if responses is not None:
+        if answers:
+            raise InputError("--responses names the answers itself: leave out --answers")
+        answers = (responses.resolve().name,)
+        loaded = with_responses(loaded, responses, answers[0])
     options = Options(
         answers=answers or ("good",),
         surfaces=frozenset(surfaces) if surfaces else None,

@@ -8,6 +8,8 @@ fixture is one ``invalid_input`` error naming the file, the fixture id and the f
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
@@ -28,6 +30,7 @@ Surface = Literal[
     "gemini-generate-content",
     "gemini-interactions",
 ]
+SURFACES: tuple[str, ...] = Surface.__args__  # type: ignore[attr-defined]
 # A call's outcome: it ran and succeeded, it waits for a person, or an error code (a refusal
 # by the gate, or a failure the handler reported).
 SUCCEEDED = "succeeded"
@@ -231,3 +234,61 @@ def _validated(model: type[M], doc: Any, file: Path, ident: str | None) -> M:
             f"{file}:{who} field {path}: {first['msg']}{more}",
             details=[{"path": path, "code": first["type"], "expected": first["msg"]}],
         ) from None
+
+
+RESPONSE_FILE = re.compile(
+    r"^(?P<id>[A-Za-z0-9][\w.-]*?)\.(?P<turn>[1-9][0-9]*)\.(?P<surface>[a-z-]+)(?P<final>\.final)?\.json$"
+)
+
+
+def with_responses(suite: Suite, folder: Path, answer: str) -> Suite:
+    """``suite`` with the answer set ``answer`` taken from recorded responses in ``folder``.
+
+    One JSON file per response, named ``FIXTURE.TURN.SURFACE.json`` (turns count from 1), and
+    ``FIXTURE.TURN.SURFACE.final.json`` for a final answer. A fixture is kept for a surface
+    only if every turn of it has a response there; a file naming no fixture of the suite, or
+    no turn of it, is refused (a typo would silently drop it otherwise)."""
+    if not folder.is_dir():
+        raise InputError(f"--responses {folder}: not a folder")
+    by_id = {f.id: f for f in suite.fixtures}
+    found: dict[tuple[str, int, str, bool], Any] = {}
+    for file in sorted(folder.glob("*.json")):
+        match = RESPONSE_FILE.match(file.name)
+        if match is None:
+            raise InputError(
+                f"{file}: expected a name FIXTURE.TURN.SURFACE.json (or .final.json), e.g. "
+                "seoul-weather-and-stock.1.openai-chat.json"
+            )
+        ident, turn, surface = match["id"], int(match["turn"]), match["surface"]
+        if surface not in SURFACES:
+            raise InputError(
+                f"{file}: unknown surface {surface!r}; expected one of {', '.join(SURFACES)}"
+            )
+        fixture = by_id.get(ident)
+        if fixture is None or turn > len(fixture.turns):
+            raise InputError(
+                f"{file}: suite {suite.config.name!r} has no fixture {ident!r} with a turn {turn}"
+            )
+        try:
+            found[(ident, turn - 1, surface, bool(match["final"]))] = json.loads(
+                file.read_text(encoding="utf-8")
+            )
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{file}: not a JSON response ({type(exc).__name__})") from None
+    fixtures = []
+    for each in suite.fixtures:
+        turns = []
+        for index, step in enumerate(each.turns):
+            mine = {k[2]: r for k, r in found.items() if k[:2] == (each.id, index) and not k[3]}
+            finals = {k[2]: r for k, r in found.items() if k[:2] == (each.id, index) and k[3]}
+            closing = step.final
+            if closing is not None:
+                closing = closing.model_copy(
+                    update={"answers": {**closing.answers, answer: finals}}
+                )
+            update = {"answers": {**step.answers, answer: mine}, "final": closing}
+            turns.append(step.model_copy(update=update))
+        fixtures.append(each.model_copy(update={"turns": turns}))
+    if not found:
+        raise InputError(f"--responses {folder}: no response files (FIXTURE.TURN.SURFACE.json)")
+    return suite.model_copy(update={"fixtures": fixtures})
