@@ -4,13 +4,19 @@ double (its writes ignore the idempotency key) moves only the executor's; compar
 
 from __future__ import annotations
 
+import io
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from callgate.core.settings import Settings
+from callgate.ops.lab.eval import report
 from callgate.ops.lab.eval.cli import eval_group
+from callgate.ops.lab.eval.fixture import load_suite
+from callgate.ops.lab.eval.runner import Options, run_suite
 
 BROKEN = "tests.integration.eval_broken_tools:registry"
 
@@ -84,3 +90,69 @@ def test_good_bad_and_broken_executor_move_their_own_tables_only(
     same = runner.invoke(eval_group, ["compare", base, base])
     assert same.exit_code == 0, same.output
     assert "no regression" in same.output
+
+
+@pytest.mark.timeout(300)
+def test_live_answers_come_from_the_sdk_and_are_scored_like_recorded_ones(
+    database_url: str, redis_url: str
+) -> None:
+    """--live through the Anthropic SDK over a mock transport that answers as the good
+    recordings do: the conversation carries the results back, turn after turn."""
+    anthropic = pytest.importorskip("anthropic")
+    httpx = pytest.importorskip("httpx2")
+    suite = load_suite(Path("builtin"))
+    surface = "anthropic-messages"
+    by_request: dict[str, tuple[Any, Any]] = {}
+    for fixture in suite.fixtures:
+        for index, turn in enumerate(fixture.turns):
+            text = fixture.request if index == 0 else turn.request
+            final = turn.final.answers["good"][surface] if turn.final else None
+            by_request[str(text)] = (turn.answers["good"][surface], final)
+    asked: list[dict[str, Any]] = []
+    last_final: list[Any] = [None]
+
+    def handle(request: Any) -> Any:
+        body = json.loads(request.content)
+        asked.append(body)
+        last = body["messages"][-1]
+        if isinstance(last["content"], str):
+            answer, last_final[0] = by_request[last["content"]]
+            return httpx.Response(200, json=answer)
+        done = {
+            "id": "msg_done",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": [{"type": "text", "text": "완료했습니다."}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        }
+        return httpx.Response(200, json=last_final[0] or done)
+
+    client = anthropic.Anthropic(
+        api_key="test", http_client=httpx.Client(transport=httpx.MockTransport(handle))
+    )
+    settings = Settings.from_env(
+        {"CALLGATE_DATABASE_URL": database_url, "CALLGATE_REDIS_URL": redis_url}
+    )
+    options = Options(
+        answers=("claude-test",),
+        surfaces=frozenset({surface}),
+        live="claude-test",
+        live_client=client,
+    )
+    [run] = run_suite(settings, suite, options, io.StringIO())
+    doc = report.build(suite.config.name, run.answer, run.turns)
+    assert doc["failures"] == []
+    assert doc["metrics"]["final_answer_correctness"]["total"] == 1
+    assert doc["fixtures"] == len(suite.fixtures)
+    # The second turn of the address change saw the first turn's result.
+    shipment = next(
+        b for b in asked if b["messages"][-1]["content"] == "이제 그 주문 배송 시작해줘"
+    )
+    results = [
+        m for m in shipment["messages"] if m["role"] == "user" and isinstance(m["content"], list)
+    ]
+    assert results and results[0]["content"][0]["type"] == "tool_result"
+    sent = json.loads(results[0]["content"][0]["content"])
+    assert sent["data"]["content"]["version"] == 2

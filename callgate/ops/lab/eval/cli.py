@@ -64,6 +64,14 @@ def eval_group() -> None:
     "of the fixtures' own; the report is named after the folder.",
 )
 @click.option(
+    "--live",
+    "live",
+    metavar="MODEL",
+    default=None,
+    help="Ask MODEL through the provider's SDK (key from the environment) on the one "
+    "--surface given, instead of the recorded answers; the report is named after MODEL.",
+)
+@click.option(
     "--keep",
     is_flag=True,
     help="Keep the scratch data so the report's trace ids work with `callgate trace`: the "
@@ -77,6 +85,7 @@ def run_cmd(
     workers: int,
     tools: str | None,
     responses: Path | None,
+    live: str | None,
     keep: bool,
 ) -> None:
     """Run SUITE (a folder, or builtin) through the real pipeline on scratch services.
@@ -86,6 +95,10 @@ def run_cmd(
     afterwards) and queues of its own. Prints the model's and the executor's tables.
     """
     loaded = load_suite(Path(suite))
+    if live is not None:
+        if answers or responses is not None:
+            raise InputError("--live answers itself: leave out --answers and --responses")
+        answers = (live,)
     if responses is not None:
         if answers:
             raise InputError("--responses names the answers itself: leave out --answers")
@@ -98,6 +111,7 @@ def run_cmd(
         tools=tools,
         log_path=str(out / "eval-processes.log"),
         keep=(out / "data").resolve() if keep else None,
+        live=live,
     )
     command = " ".join(["callgate", "eval", "run", *sys.argv[3:]]) if len(sys.argv) > 2 else ""
     out.mkdir(parents=True, exist_ok=True)

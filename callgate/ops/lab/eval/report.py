@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -227,7 +228,7 @@ def _chart(categories: Mapping[str, Mapping[str, float | None]]) -> str:
 
 def write(report: Mapping[str, Any], folder: Path) -> list[Path]:
     folder.mkdir(parents=True, exist_ok=True)
-    stem = f"eval-{report['answer']}"
+    stem = "eval-" + re.sub(r"[^\w.-]", "_", str(report["answer"]))
     paths = [folder / f"{stem}.json", folder / f"{stem}.md", folder / f"{stem}.html"]
     paths[0].write_text(json.dumps(report, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     paths[1].write_text(markdown(report), encoding="utf-8")

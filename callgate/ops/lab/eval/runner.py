@@ -30,6 +30,7 @@ from callgate.core.types import ProposedCall
 from callgate.ops.cli.common import apply_migrations, dispatch_after_decision, embedded_services
 from callgate.ops.lab.eval import ledger, scoring
 from callgate.ops.lab.eval.fixture import AWAITING_APPROVAL, SUCCEEDED, Fixture, Suite, Turn
+from callgate.ops.lab.eval.live import Conversation, client_for
 from callgate.ops.lab.eval.surfaces import mentioned_names, text_of
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer, adapters
@@ -49,6 +50,8 @@ class Options:
     tools: str | None = None  # another registry for the suite's tools (a broken double)
     log_path: str | None = None  # the worker, relayer and sweeper logs (default: discarded)
     keep: Path | None = None  # keep the scratch data (embedded: in this folder) for tracing
+    live: str | None = None  # ask this model on the one surface given, instead of recordings
+    live_client: Any = None  # the SDK client for --live (tests: one over a mock transport)
 
 
 @dataclass(frozen=True)
@@ -62,7 +65,9 @@ class Run:
 
 def run_suite(settings: Settings, suite: Suite, options: Options, progress: TextIO) -> list[Run]:
     """Run ``suite`` once per answer set on a scratch database and queue of its own."""
-    for answer in options.answers:
+    if options.live and (options.surfaces is None or len(options.surfaces) != 1):
+        raise InputError("--live asks one surface: give exactly one --surface")
+    for answer in () if options.live else options.answers:
         if not any(answer in f.answer_sets() for f in suite.fixtures):
             raise InputError(f"no fixture of suite {suite.config.name!r} has answers {answer!r}")
     tools = options.tools or suite.config.tools
@@ -169,6 +174,9 @@ def _run(
                 for surface in sorted(fixture.surfaces(answer))
                 if options.surfaces is None or surface in options.surfaces
             ]
+            if options.live and options.surfaces:
+                surface = next(iter(options.surfaces))
+                cases = [(options.answers[0], f, surface) for f in suite.fixtures]
             if not cases:
                 raise InputError("no fixture has a recorded answer on the surfaces asked for")
             runs: dict[str, list[scoring.TurnRun]] = {a: [] for a in options.answers}
@@ -176,7 +184,8 @@ def _run(
             for n, (answer, fixture, surface) in enumerate(cases, 1):
                 t0 = time.monotonic()
                 doubles.seed(engine, dict(fixture.setup))
-                turns = _case(producer, settings, engine, fixture, answer, surface)
+                model = _conversation(options, producer, fixture, surface)
+                turns = _case(producer, settings, engine, fixture, answer, surface, model)
                 runs[answer].extend(turns)
                 started[answer] += time.monotonic() - t0
                 _progress(progress, n, len(cases), fixture, answer, surface, turns, t0)
@@ -212,13 +221,18 @@ def _case(
     fixture: Fixture,
     answer: str,
     surface: str,
+    model: Conversation | None = None,
 ) -> list[scoring.TurnRun]:
+    """One fixture's turns on one surface: recorded answers, or ``model``'s live ones."""
     registry = producer.registry
     schemas = {name: t.parameters() for name, t in registry.tools.items()}
     conversation = f"eval-{fixture.id}-{uuid.uuid4().hex[:8]}"
     out = []
     for index, turn in enumerate(fixture.turns):
-        response = cast(dict[str, Any], turn.answers[answer])[surface]
+        if model is None:
+            response = cast(dict[str, Any], turn.answers[answer])[surface]
+        else:
+            response = model.ask(turn.request or fixture.request if index else fixture.request)
         base = scoring.TurnRun(
             fixture_id=fixture.id,
             category=fixture.category,
@@ -237,12 +251,21 @@ def _case(
             out.append(replace(base, read_error=f"{exc.code}: {exc.message}"))
             continue
         proposed = [scoring.Proposed(p.call_id, p.tool_name, p.arguments) for p in proposals]
-        observed = _observe(producer, settings, engine, fixture, turn, conversation, proposals)
-        final = (
-            cast(dict[str, Any], turn.final.answers.get(answer, {})).get(surface)
-            if turn.final
-            else None
+        observed, collected = _observe(
+            producer, settings, engine, fixture, turn, conversation, proposals
         )
+        if model is None:
+            final = (
+                cast(dict[str, Any], turn.final.answers.get(answer, {})).get(surface)
+                if turn.final
+                else None
+            )
+        elif collected is not None and collected.complete:
+            # The model sees the results before the next turn (or its final answer).
+            final = model.answer_results(collected.provider_message(surface))
+            final = final if turn.final else None
+        else:
+            final = None
         out.append(
             replace(
                 base,
@@ -262,9 +285,9 @@ def _observe(
     turn: Turn,
     conversation: str,
     proposals: list[ProposedCall],
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], Collected | None]:
     if not proposals:
-        return {}
+        return {}, None
     principal = fixture.principal
     tenant = principal.tenant_id
     context = {
@@ -315,11 +338,22 @@ def _observe(
                 outcome_after_approval=after_outcome,
             )
         )
-    return {
+    observed = {
         "executed": executed,
         "turn_id": submitted.turn_id,
         "joined": _joined(collected, proposals),
     }
+    return observed, collected
+
+
+def _conversation(
+    options: Options, producer: Producer, fixture: Fixture, surface: str
+) -> Conversation | None:
+    if not options.live:
+        return None
+    client = options.live_client or client_for(surface)
+    exposed = [producer.registry.tools[n] for n in fixture.tools if n in producer.registry.tools]
+    return Conversation(surface, options.live, client, exposed)
 
 
 def _settle(producer: Producer, turn_id: str) -> Collected:
