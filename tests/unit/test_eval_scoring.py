@@ -288,3 +288,18 @@ def test_responses_from_a_folder_become_an_answer_set(tmp_path: Path) -> None:
     (tmp_path / "no-such-fixture.1.openai-chat.json").write_text("{}")
     with pytest.raises(InputError, match="no fixture 'no-such-fixture'"):
         with_responses(suite, tmp_path, "claude-run")
+
+
+def test_a_failure_left_pending_beside_a_result_is_not_visible() -> None:
+    turn = _turn(PARALLEL)
+    proposed = [
+        Proposed("a", "get_weather", {"city": "Seoul"}),
+        Proposed("b", "get_stock", {"symbol": "NVDA"}),
+        Proposed("c", "get_stock", {"symbol": "AAPL"}),
+    ]
+    executed = [
+        _done("a", "get_weather", "succeeded"),
+        _done("b", "get_stock", "upstream_unavailable"),
+        _done("c", "get_stock", "pending"),
+    ]
+    assert _by_metric(_run(turn, proposed, executed))["partial_failures_visible"] == [False]

@@ -71,7 +71,10 @@ def run_suite(settings: Settings, suite: Suite, options: Options, progress: Text
         if not any(answer in f.answer_sets() for f in suite.fixtures):
             raise InputError(f"no fixture of suite {suite.config.name!r} has answers {answer!r}")
     tools = options.tools or suite.config.tools
-    doubles = importlib.import_module(suite.config.doubles or tools.split(":")[0])
+    doubles = _doubles(suite.config.doubles or suite.config.tools.split(":")[0])
+    if options.live and options.live_client is None and options.surfaces:
+        # Before any service starts: a missing SDK or key is one line, not a stack trace later.
+        options = replace(options, live_client=client_for(next(iter(options.surfaces))))
     with scratch(settings, options.keep, progress) as scratch_settings:
         engine = db.create(scratch_settings.require_database(), application_name="callgate-eval")
         try:
@@ -79,6 +82,22 @@ def run_suite(settings: Settings, suite: Suite, options: Options, progress: Text
             return _run(scratch_settings, engine, suite, options, tools, doubles, progress)
         finally:
             engine.dispose()
+
+
+def _doubles(module: str) -> Any:
+    """The suite's doubles module: ``install(engine)`` and ``seed(engine, setup)``."""
+    try:
+        found = importlib.import_module(module)
+    except ImportError as exc:
+        raise ConfigurationError(
+            f"the suite's doubles module {module!r} cannot be imported: {exc}"
+        ) from None
+    missing = [name for name in ("install", "seed") if not callable(getattr(found, name, None))]
+    if missing:
+        raise ConfigurationError(
+            f"the suite's doubles module {module!r} has no {' or '.join(missing)}()"
+        )
+    return found
 
 
 @contextmanager

@@ -360,15 +360,14 @@ def executor_checks(run: TurnRun) -> list[Check]:
         "joined" if run.joined and got == want_ids else f"results for {sorted(got)}",
         run.turn_id or "-",
     )
-    outcomes = [e.outcome for e in run.executed]
-    failed = [o for o in outcomes if o not in (SUCCEEDED, AWAITING_APPROVAL)]
-    if (failed and SUCCEEDED in outcomes) or (failed and len(run.proposed) > len(run.executed)):
-        visible = all(o not in ("pending", "missing") for o in outcomes) and len(
-            run.executed
-        ) == len(run.proposed)
+    # A turn of several calls where one failed: the failure must be there, with its code,
+    # beside the others' results; none of them missing or left pending.
+    unfinished = ("pending", "missing")
+    ended = [e.outcome for e in run.executed if e.outcome not in unfinished]
+    if len(run.proposed) > 1 and any(o not in (SUCCEEDED, AWAITING_APPROVAL) for o in ended):
         check(
             "partial_failures_visible",
-            visible,
+            len(ended) == len(run.proposed) == len(run.executed),
             "each failed call's code next to the others' results",
             ", ".join(f"{e.call_id}={e.outcome}" for e in run.executed),
             run.turn_id or "-",
