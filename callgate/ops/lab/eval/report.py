@@ -179,7 +179,8 @@ def page(report: Mapping[str, Any]) -> str:
             continue
         parts.append(f"<h2>{title}</h2><table><tr><th>metric</th><th>value</th></tr>")
         for m in rows:
-            parts.append(f"<tr><td>{e(m['label'])}</td><td>{e(_value(m))}</td></tr>")
+            better = " (lower is better)" if m["lower_is_better"] else ""
+            parts.append(f"<tr><td>{e(m['label'] + better)}</td><td>{e(_value(m))}</td></tr>")
         parts.append("</table>")
     parts.append("<h2>By category</h2>")
     parts.append(_chart(report["categories"]))
