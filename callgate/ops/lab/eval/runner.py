@@ -36,6 +36,7 @@ from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer, adapters
 from callgate.producer.adapters import AdapterError
 from callgate.producer.producer import Collected
+from callgate.queue import transport
 from callgate.store import approvals, db
 
 COLLECT_SECONDS = 30.0
@@ -110,7 +111,10 @@ def scratch(
     Nothing of the configured ones is touched. What is kept is named on ``out``, so the
     report's trace ids can be read with ``callgate trace``."""
     queue = f"eval-{uuid.uuid4().hex[:10]}"
-    with tempfile.TemporaryDirectory(prefix="callgate-eval-") as tmp:
+    with (
+        tempfile.TemporaryDirectory(prefix="callgate-eval-") as tmp,
+        _own_queue(settings.redis_url, queue),
+    ):
         folder = keep or Path(tmp)
         if settings.database_url:
             with (
@@ -125,6 +129,24 @@ def scratch(
                 if keep is not None and out is not None:
                     out.write(f"callgate eval: the embedded services' data is kept in {keep}\n")
                 yield _migrated(ready.replace(queue=queue))
+
+
+@contextmanager
+def _own_queue(redis_url: str | None, queue: str) -> Iterator[None]:
+    """On a configured Redis, remove the run's own keys afterwards (its queue name is new,
+    so nothing else has keys under it); an embedded Redis goes with its folder."""
+    try:
+        yield
+    finally:
+        if redis_url:
+            connection = transport.connect(redis_url)
+            try:
+                patterns = (f"callgate:{queue}:*", f"rq:*:{queue}")
+                for pattern in patterns:
+                    for key in connection.scan_iter(match=pattern, count=500):
+                        connection.delete(key)
+            finally:
+                connection.close()
 
 
 def _shown(url: str) -> str:
