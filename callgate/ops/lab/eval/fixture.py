@@ -67,7 +67,7 @@ class ExpectedCall(_Strict):
                 problem = exc.errors()[0]
                 where = "/".join(str(p) for p in problem["loc"])
                 raise ValueError(
-                    f"argument {name!r}: {where + ': ' if where else ''}{problem['msg']}"
+                    f"argument {name!r}: {where + ': ' if where else ''}{_plain(problem['msg'])}"
                 ) from None
         return parsed
 
@@ -231,7 +231,7 @@ def _validated(model: type[M], doc: Any, file: Path, ident: str | None) -> M:
         who = f" fixture {ident!r}" if ident else ""
         more = f" (and {exc.error_count() - 1} more)" if exc.error_count() > 1 else ""
         raise InputError(
-            f"{file}:{who} field {path}: {first['msg']}{more}",
+            f"{file}:{who} field {path}: {_plain(first['msg'])}{more}",
             details=[{"path": path, "code": first["type"], "expected": first["msg"]}],
         ) from None
 
@@ -292,3 +292,8 @@ def with_responses(suite: Suite, folder: Path, answer: str) -> Suite:
     if not found:
         raise InputError(f"--responses {folder}: no response files (FIXTURE.TURN.SURFACE.json)")
     return suite.model_copy(update={"fixtures": fixtures})
+
+
+def _plain(message: str) -> str:
+    """pydantic's message without its "Value error, " prefix for a validator's own words."""
+    return message.removeprefix("Value error, ")
