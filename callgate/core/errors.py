@@ -22,6 +22,8 @@ class ErrorCode(StrEnum):
     CURRENCY_MISMATCH = "currency_mismatch"
     NOT_FOUND = "not_found"
     BATCH_LIMIT_EXCEEDED = "batch_limit_exceeded"
+    # The resource changed since the version the arguments name (read it again).
+    STALE_VERSION = "stale_version"
     PERMISSION_DENIED = "permission_denied"
     APPROVAL_REQUIRED = "approval_required"
     APPROVAL_DENIED = "approval_denied"

@@ -126,10 +126,18 @@ def test_the_wheel_holds_every_subpackage_and_its_data(wheel: Path) -> None:
     modules = {str(m.relative_to(ROOT)) for m in (ROOT / "callgate").rglob("*.py")
                if "__pycache__" not in m.parts}  # fmt: skip
     assert not sorted(modules - names)
-    # Data files: the chaos scenarios and the approval console's static files, all of them.
-    for folder in ("callgate/ops/lab/chaos/scenarios", "callgate/ops/http/static"):
+    # Data files: the chaos scenarios, the approval console's static files and the eval's
+    # built-in suite, all of them.
+    data = (
+        "callgate/ops/lab/chaos/scenarios",
+        "callgate/ops/http/static",
+        "callgate/ops/lab/eval/suites/builtin",
+        "callgate/ops/lab/eval/suites/builtin/fixtures",
+    )
+    for folder in data:
         present = {p.name for p in (ROOT / folder).iterdir() if p.is_file()}
-        shipped = {n.rsplit("/", 1)[1] for n in names if n.startswith(f"{folder}/")}
+        inside = [n[len(folder) + 1 :] for n in names if n.startswith(f"{folder}/")]
+        shipped = {n for n in inside if "/" not in n}  # the folder's own files
         assert present and shipped == present, folder
 
 

@@ -1,0 +1,163 @@
+"""``callgate eval run`` and ``callgate eval compare`` (an entry point of ``callgate.commands``).
+
+``run`` exits 0 once the report is written, whatever it says (compare it with a baseline to
+gate CI); ``compare`` exits 1 on a regression, 0 otherwise. Bad input is one line,
+``callgate: <code>: <message>``, and exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from callgate.core.errors import InputError
+from callgate.ops.cli.common import load_settings
+from callgate.ops.lab.eval import compare as comparing
+from callgate.ops.lab.eval import report as reporting
+from callgate.ops.lab.eval.fixture import SURFACES, load_suite, with_responses
+from callgate.ops.lab.eval.runner import Options, run_suite
+
+EXIT_REGRESSION = 1
+
+
+@click.group("eval")
+def eval_group() -> None:
+    """Score a model's tool calls and callgate's execution of them, apart (docs/eval.md)."""
+
+
+@eval_group.command("run")
+@click.argument("suite", default="builtin")
+@click.option(
+    "--surface",
+    "surfaces",
+    multiple=True,
+    type=click.Choice(SURFACES),
+    help="Only the recorded answers on this surface (repeatable; default: all).",
+)
+@click.option(
+    "--answers",
+    "answers",
+    multiple=True,
+    help="The answer set to score, e.g. good or bad (repeatable; default: good).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("eval-report"),
+    show_default=True,
+    help="Folder for eval-ANSWERS.json, .md and .html.",
+)
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1, max=16))
+@click.option(
+    "--tools",
+    default=None,
+    help="module:attribute of another registry for the suite's tools (a double of your own).",
+)
+@click.option(
+    "--responses",
+    type=click.Path(path_type=Path, file_okay=False, exists=True),
+    default=None,
+    help="Score the responses recorded in this folder (FIXTURE.TURN.SURFACE.json) instead "
+    "of the fixtures' own; the report is named after the folder.",
+)
+@click.option(
+    "--live",
+    "live",
+    metavar="MODEL",
+    default=None,
+    help="Ask MODEL through the provider's SDK (key from the environment) on the one "
+    "--surface given, instead of the recorded answers; the report is named after MODEL.",
+)
+@click.option(
+    "--keep",
+    is_flag=True,
+    help="Keep the scratch data so the report's trace ids work with `callgate trace`: the "
+    "scratch database's URL is printed, or the embedded services' data stays in OUT/data.",
+)
+def run_cmd(
+    suite: str,
+    surfaces: tuple[str, ...],
+    answers: tuple[str, ...],
+    out: Path,
+    workers: int,
+    tools: str | None,
+    responses: Path | None,
+    live: str | None,
+    keep: bool,
+) -> None:
+    """Run SUITE (a folder, or builtin) through the real pipeline on scratch services.
+
+    Uses embedded PostgreSQL and Redis (the demo extra) unless CALLGATE_DATABASE_URL /
+    CALLGATE_REDIS_URL are set: then a scratch database beside the configured one (dropped
+    afterwards) and queues of its own. Prints the model's and the executor's tables.
+    """
+    loaded = load_suite(Path(suite))
+    if live is not None:
+        if answers or responses is not None:
+            raise InputError("--live answers itself: leave out --answers and --responses")
+        answers = (live,)
+    if responses is not None:
+        if answers:
+            raise InputError("--responses names the answers itself: leave out --answers")
+        answers = (responses.resolve().name,)
+        loaded = with_responses(loaded, responses, answers[0])
+    options = Options(
+        answers=answers or ("good",),
+        surfaces=frozenset(surfaces) if surfaces else None,
+        workers=workers,
+        tools=tools,
+        log_path=str(out / "eval-processes.log"),
+        keep=(out / "data").resolve() if keep else None,
+        live=live,
+    )
+    command = " ".join(["callgate", "eval", "run", *sys.argv[3:]]) if len(sys.argv) > 2 else ""
+    out.mkdir(parents=True, exist_ok=True)
+    runs = run_suite(load_settings(), loaded, options, sys.stderr)
+    for run in runs:
+        doc = reporting.build(
+            loaded.config.name, run.answer, run.turns, command=command, seconds=run.seconds
+        )
+        paths = reporting.write(doc, out)
+        click.echo(f"== {loaded.config.name}: {run.answer} answers ==")
+        click.echo(reporting.tables(doc))
+        click.echo("wrote " + ", ".join(str(p) for p in paths))
+
+
+@eval_group.command("compare")
+@click.argument("base", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("new", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--threshold",
+    default=0.02,
+    show_default=True,
+    type=click.FloatRange(min=0, max=1),
+    help="A rate that moves the wrong way by more than this is a regression.",
+)
+@click.option(
+    "--factor",
+    default=5.0,
+    show_default=True,
+    type=click.FloatRange(min=1),
+    help="An error rate at this many times a non-zero baseline is a regression.",
+)
+def compare_cmd(base: Path, new: Path, threshold: float, factor: float) -> None:
+    """Each metric's change from BASE to NEW (report JSON files); exit 1 on a regression."""
+    changes = comparing.compare(_report(base), _report(new), threshold=threshold, factor=factor)
+    click.echo(comparing.render(changes), nl=False)
+    if any(c.regression for c in changes):
+        sys.exit(EXIT_REGRESSION)
+
+
+def _report(path: Path) -> dict[str, object]:
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise InputError(f"{path}: cannot read it ({exc.strerror})") from None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise InputError(f"{path}: not a JSON report of callgate eval run") from None
+    if not isinstance(doc, dict):
+        raise InputError(f"{path}: not a JSON report of callgate eval run")
+    return doc

@@ -1,0 +1,158 @@
+"""``callgate eval run`` end to end on the built-in suite: real workers, relayer and fan-in
+on a scratch database. The bad answers move only the model's table; a broken executor
+double (its writes ignore the idempotency key) moves only the executor's; compare flags it."""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner
+
+from callgate.core.settings import Settings
+from callgate.ops.lab.eval import report
+from callgate.ops.lab.eval.cli import eval_group
+from callgate.ops.lab.eval.fixture import load_suite
+from callgate.ops.lab.eval.runner import Options, run_suite
+
+BROKEN = "tests.integration.eval_broken_tools:registry"
+
+
+def _values(report: dict[str, object], table: str) -> dict[str, object]:
+    metrics = report["metrics"]
+    assert isinstance(metrics, dict)
+    return {k: m["value"] for k, m in metrics.items() if m["table"] == table}
+
+
+@pytest.mark.timeout(300)
+def test_good_bad_and_broken_executor_move_their_own_tables_only(
+    tmp_path: Path, database_url: str, redis_url: str
+) -> None:
+    env = {"CALLGATE_DATABASE_URL": database_url, "CALLGATE_REDIS_URL": redis_url}
+    runner = CliRunner()
+    ran = runner.invoke(
+        eval_group,
+        ["run", "builtin", "--answers", "good", "--answers", "bad", "--out", str(tmp_path / "a")],
+        env=env,
+        catch_exceptions=False,
+    )
+    assert ran.exit_code == 0, ran.output
+    assert "Model" in ran.output and "Executor" in ran.output
+    assert "tool selection accuracy" in ran.output and "policy catch rate" in ran.output
+    good = json.loads((tmp_path / "a" / "eval-good.json").read_text())
+    bad = json.loads((tmp_path / "a" / "eval-bad.json").read_text())
+
+    # The good answers pass everything: every fixture's both sides.
+    assert good["failures"] == []
+    assert good["metrics"]["side_effect_exactness"]["total"] > 0
+    assert good["metrics"]["policy_catch_rate"]["total"] > 0
+    # The bad answers: the model's table falls, the executor's stays whole (it stops them).
+    model_good, model_bad = _values(good, "model"), _values(bad, "model")
+    assert model_bad["selection_accuracy"] < model_good["selection_accuracy"]
+    assert model_bad["argument_accuracy"] < model_good["argument_accuracy"]
+    assert model_bad["hallucinated_tool_rate"] > 0
+    assert model_bad["irrelevance_accuracy"] == 0
+    executor_bad = _values(bad, "executor")
+    assert {k: v for k, v in executor_bad.items() if v is not None} == {
+        k: 0.0 if good["metrics"][k]["lower_is_better"] else 1.0
+        for k, v in executor_bad.items()
+        if v is not None
+    }
+    assert (
+        bad["metrics"]["policy_catch_rate"]["total"] > good["metrics"]["policy_catch_rate"]["total"]
+    )
+    assert all(f["table"] != "executor" for f in bad["failures"])
+
+    # The broken executor double under the good answers: only the executor's table moves.
+    broke = runner.invoke(
+        eval_group,
+        ["run", "builtin", "--tools", BROKEN, "--out", str(tmp_path / "b")],
+        env=env,
+        catch_exceptions=False,
+    )
+    assert broke.exit_code == 0, broke.output
+    broken = json.loads((tmp_path / "b" / "eval-good.json").read_text())
+    assert _values(broken, "model") == model_good
+    assert broken["metrics"]["side_effect_exactness"]["value"] < 1.0
+    twice = [f for f in broken["failures"] if f["metric"] == "side_effect_exactness"]
+    assert {f["fixture"] for f in twice} == {"refund-after-timeout"}
+    assert all("2 effect(s)" in f["actual"] and f["trace"] != "-" for f in twice)
+    assert all(f["table"] == "executor" for f in broken["failures"])
+
+    # compare: the broken executor is a regression (exit 1); a report against itself is not.
+    base, new = str(tmp_path / "a" / "eval-good.json"), str(tmp_path / "b" / "eval-good.json")
+    flagged = runner.invoke(eval_group, ["compare", base, new])
+    assert flagged.exit_code == 1, flagged.output
+    assert "REGRESSION" in flagged.output and "side_effect_exactness" in flagged.output
+    same = runner.invoke(eval_group, ["compare", base, base])
+    assert same.exit_code == 0, same.output
+    assert "no regression" in same.output
+
+
+@pytest.mark.timeout(300)
+def test_live_answers_come_from_the_sdk_and_are_scored_like_recorded_ones(
+    database_url: str, redis_url: str
+) -> None:
+    """--live through the Anthropic SDK over a mock transport that answers as the good
+    recordings do: the conversation carries the results back, turn after turn."""
+    anthropic = pytest.importorskip("anthropic")
+    httpx = pytest.importorskip("httpx2")
+    suite = load_suite(Path("builtin"))
+    surface = "anthropic-messages"
+    by_request: dict[str, tuple[Any, Any]] = {}
+    for fixture in suite.fixtures:
+        for index, turn in enumerate(fixture.turns):
+            text = fixture.request if index == 0 else turn.request
+            final = turn.final.answers["good"][surface] if turn.final else None
+            by_request[str(text)] = (turn.answers["good"][surface], final)
+    asked: list[dict[str, Any]] = []
+    last_final: list[Any] = [None]
+
+    def handle(request: Any) -> Any:
+        body = json.loads(request.content)
+        asked.append(body)
+        last = body["messages"][-1]
+        if isinstance(last["content"], str):
+            answer, last_final[0] = by_request[last["content"]]
+            return httpx.Response(200, json=answer)
+        done = {
+            "id": "msg_done",
+            "type": "message",
+            "role": "assistant",
+            "model": body["model"],
+            "content": [{"type": "text", "text": "완료했습니다."}],
+            "stop_reason": "end_turn",
+            "usage": {"input_tokens": 1, "output_tokens": 1},
+        }
+        return httpx.Response(200, json=last_final[0] or done)
+
+    client = anthropic.Anthropic(
+        api_key="test", http_client=httpx.Client(transport=httpx.MockTransport(handle))
+    )
+    settings = Settings.from_env(
+        {"CALLGATE_DATABASE_URL": database_url, "CALLGATE_REDIS_URL": redis_url}
+    )
+    options = Options(
+        answers=("claude-test",),
+        surfaces=frozenset({surface}),
+        live="claude-test",
+        live_client=client,
+    )
+    [run] = run_suite(settings, suite, options, io.StringIO())
+    doc = report.build(suite.config.name, run.answer, run.turns)
+    assert doc["failures"] == []
+    assert doc["metrics"]["final_answer_correctness"]["total"] == 1
+    assert doc["fixtures"] == len(suite.fixtures)
+    # The second turn of the address change saw the first turn's result.
+    shipment = next(
+        b for b in asked if b["messages"][-1]["content"] == "이제 그 주문 배송 시작해줘"
+    )
+    results = [
+        m for m in shipment["messages"] if m["role"] == "user" and isinstance(m["content"], list)
+    ]
+    assert results and results[0]["content"][0]["type"] == "tool_result"
+    sent = json.loads(results[0]["content"][0]["content"])
+    assert sent["data"]["content"]["version"] == 2
