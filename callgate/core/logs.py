@@ -145,6 +145,10 @@ def configure(level: str, fmt: LogFormat = "auto", stream: TextIO | None = None)
     use_json = fmt == "json" or (fmt == "auto" and not _is_tty(stream))
     handler = logging.StreamHandler(stream)
     handler.setFormatter(JSONFormatter() if use_json else TextFormatter())
+    # The level is the process's, whatever a library sets on its own logger (bm25s sets
+    # DEBUG on import): only the process's start and stop lines pass below it.
+    threshold = logging.getLevelName(level.upper())
+    handler.addFilter(lambda r: r.levelno >= threshold or r.name.startswith(PROCESS_LOGGER))
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -207,6 +207,23 @@ def test_logs_are_readable_text_at_a_terminal(restore_logging: None) -> None:
     assert not line.startswith("{")
 
 
+def test_a_library_that_sets_its_own_logger_to_debug_stays_quiet(restore_logging: None) -> None:
+    """bm25s sets DEBUG on its logger when imported; the process's level still decides."""
+    out = io.StringIO()
+    logs.configure("WARNING", "json", out)
+    chatty = logging.getLogger("some.library")
+    chatty.setLevel(logging.DEBUG)
+    try:
+        chatty.debug("building index")
+        chatty.info("built")
+        chatty.warning("something to see")
+        logging.getLogger(f"{logs.PROCESS_LOGGER}.worker").info("worker started")
+    finally:
+        chatty.setLevel(logging.NOTSET)
+    messages = [json.loads(line)["message"] for line in out.getvalue().splitlines()]
+    assert messages == ["something to see", "worker started"]
+
+
 def test_format_can_be_forced(restore_logging: None) -> None:
     out = _TTY()
     logs.configure("INFO", "json", out)

@@ -1,4 +1,4 @@
-"""The retrieval measurement (callgate.ops.lab.retrieval_eval) on a BFCL-format suite.
+"""The retrieval measurement (callgate.ops.lab.eval.retrieval) on a BFCL-format suite.
 
 The suite, tests/fixtures/bfcl/retrieval/, is the first 120 entries of BFCL's
 ``BFCL_v4_multiple.json`` and their possible answers, as BFCL publishes them (its README says
@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from callgate.core.errors import InputError
-from callgate.ops.lab import retrieval_eval
-from callgate.ops.lab.retrieval_eval import approx_tokens, recall_at_k
+from callgate.ops.lab.eval import retrieval as retrieval_eval
+from callgate.ops.lab.eval.retrieval import approx_tokens, recall_at_k
 
 SUITE = Path(__file__).parents[1] / "fixtures" / "bfcl" / "retrieval" / "BFCL_v4_multiple.json"
 # Measured: recall@5 0.975 (117 of 120), recall@1 0.833, with every one of the 294 tools a
@@ -100,10 +100,10 @@ def test_a_question_whose_tool_is_not_offered_is_refused(tmp_path: Path) -> None
 
 
 def test_the_command_prints_recall_and_the_token_saving() -> None:
-    """The click command as a process (the lead registers it as ``callgate eval retrieval``)."""
-    script = "from callgate.ops.lab.retrieval_eval import retrieval_cmd; retrieval_cmd()"
+    """``callgate eval retrieval`` as a process."""
+    command = [sys.executable, "-m", "callgate", "eval", "retrieval"]
     run = subprocess.run(
-        [sys.executable, "-c", script, str(SUITE), "--k", "1,5", "--json"],
+        [*command, str(SUITE), "--k", "1,5", "--json"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -115,8 +115,6 @@ def test_the_command_prints_recall_and_the_token_saving() -> None:
     assert set(doc["recall"]) == {"1", "5"}
     assert doc["recall"]["5"] >= RECALL_AT_5_FLOOR
     assert "regex" in doc["token_count"]
-    text = subprocess.run(
-        [sys.executable, "-c", script, str(SUITE)], capture_output=True, text=True, timeout=60
-    )
+    text = subprocess.run([*command, str(SUITE)], capture_output=True, text=True, timeout=60)
     assert text.returncode == 0, text.stderr
     assert "recall@k" in text.stdout and "saving" in text.stdout

@@ -17,6 +17,7 @@ from callgate.core.errors import InputError
 from callgate.ops.cli.common import load_settings
 from callgate.ops.lab.eval import compare as comparing
 from callgate.ops.lab.eval import report as reporting
+from callgate.ops.lab.eval import retrieval
 from callgate.ops.lab.eval.fixture import SURFACES, load_suite, with_responses
 from callgate.ops.lab.eval.runner import Options, run_suite
 
@@ -161,3 +162,6 @@ def _report(path: Path) -> dict[str, object]:
     if not isinstance(doc, dict):
         raise InputError(f"{path}: not a JSON report of callgate eval run")
     return doc
+
+
+eval_group.add_command(retrieval.retrieval_cmd)

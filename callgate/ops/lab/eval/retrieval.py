@@ -12,7 +12,8 @@ letters or digits) and one per other non-space character of the definitions' JSO
 (``APPROX_TOKENS``). Real tokenizers split long words further, so the absolute numbers run
 low; the ratio between all tools and the top k is what the measurement is for.
 
-Lab side: nothing in the product imports this module; ``retrieval_cmd`` is the command.
+Lab side: nothing in the product imports this module. ``retrieval_cmd`` is
+``callgate eval retrieval``.
 """
 
 from __future__ import annotations
