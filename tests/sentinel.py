@@ -233,6 +233,8 @@ def _field(flat: list[str] | dict[str, str], name: str) -> str:
 
 @pytest.fixture(scope="session")
 def redis_sentinels() -> Iterator[Sentinels]:
+    """The set, for the session. tests/acceptance/test_sentinel.py's failover leaves it with
+    the replica as primary and no replica; it checks the set is as built before it starts."""
     for binary in ("redis-server", "redis-sentinel"):
         if shutil.which(binary) is None:
             pytest.fail(f"Debian's {binary} is required for this test (apt-get install {binary})")

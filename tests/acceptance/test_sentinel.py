@@ -10,6 +10,8 @@ beyond the test's length).
 
 from __future__ import annotations
 
+import asyncio
+import json
 import signal
 import time
 from pathlib import Path
@@ -17,11 +19,14 @@ from typing import Any
 
 import pytest
 import redis as redis_lib
+from redis.asyncio.sentinel import SentinelConnectionPool as AsyncSentinelPool
 from sqlalchemy import Engine
 
 from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
+from callgate.producer.async_producer import AsyncProducer
+from callgate.producer.producer import Collected
 from callgate.queue import rq_format, sentinel
 from tests.acceptance.conftest import SUPPORT_A, callgate, scalar, side_effects, wait_until
 from tests.acceptance.test_cli_input import NEWS, one_clear_line, submit_text
@@ -116,6 +121,16 @@ def test_a_failover_loses_no_call_and_repeats_no_effect(
         # New work goes to the new primary, once the producer's client has found it.
         wait_until(lambda: _pings(producer), timeout=10, what="the producer to reach Redis")
         turns += [producer.submit(_turn(200 + i), SUPPORT_A) for i in range(3)]
+        # And an asyncio application's producer (its fan-in reads the new primary's streams).
+        async_turn, async_collected = asyncio.run(_async_round(env))
+        assert async_collected.complete, async_collected.pending
+        # And the command line's submit and collect.
+        submitted = submit_text(tmp_path, env, NEWS)
+        assert submitted.returncode == 0, submitted.stderr
+        cli_turn = json.loads(submitted.stdout)["turn_id"]
+        collected_cli = callgate("collect", cli_turn, "--timeout", "20", "--json", env=env)
+        assert collected_cli.returncode == 0, collected_cli.stderr
+        assert json.loads(collected_cli.stdout)["complete"] is True
 
         everything = [c.ref for t in turns for c in t.calls]
         try:
@@ -145,6 +160,7 @@ def test_a_failover_loses_no_call_and_repeats_no_effect(
     )
     assert redispatched == len(lost)
     assert "changed history" in log.read_text()
+    assert len(side_effects(engine, async_turn.calls[1].operation_id)) == 1
     for turn in turns:
         collected = producer.collect(turn.turn_id, timeout=10)
         assert collected.complete and not collected.pending
@@ -159,6 +175,13 @@ def test_a_failover_loses_no_call_and_repeats_no_effect(
             if call.call_id.startswith("write-"):
                 assert len(side_effects(engine, call.operation_id)) == 1, call.call_id
     producer.close()
+
+
+async def _async_round(env: dict[str, str]) -> tuple[Any, Collected]:
+    async with AsyncProducer.from_env(Settings.from_env(env)) as producer:
+        assert isinstance(producer.redis.connection_pool, AsyncSentinelPool)
+        turn = await producer.submit(_turn(300), SUPPORT_A)
+        return turn, await producer.collect(turn.turn_id, timeout=20)
 
 
 def _pings(producer: Producer) -> bool:
