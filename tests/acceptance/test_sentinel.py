@@ -147,6 +147,7 @@ def test_a_failover_loses_no_call_and_repeats_no_effect(
                 r=everything,
             )
             raise AssertionError(f"calls still open (call id: dispatches): {open_calls}") from None
+        all_done = time.monotonic() - killed_at
         redispatched = scalar(
             engine,
             "SELECT count(*) FROM callgate.calls WHERE id = ANY(CAST(:r AS uuid[]))"
@@ -156,7 +157,7 @@ def test_a_failover_loses_no_call_and_repeats_no_effect(
     print(
         f"\nsentinel failover: promoted {failover_seconds:.2f}s after the SIGKILL; "
         f"{lacking} job(s) missing on the new primary, {redispatched} re-dispatched; "
-        f"{len(everything)} calls"
+        f"{len(everything)} calls, all ended {all_done:.1f}s after the SIGKILL"
     )
     assert redispatched == len(lost)
     assert "changed history" in log.read_text()
