@@ -24,7 +24,7 @@ from callgate.store import db, migrate
 # The fault proxies' fixtures (pg_proxy, redis_proxy) and the fault matrix's summary, for
 # every test module: registered once here, so no module imports them before pytest can
 # rewrite their asserts.
-pytest_plugins = ["tests.faults.fixtures", "tests.pgbouncer"]
+pytest_plugins = ["tests.faults.fixtures", "tests.pgbouncer", "tests.sentinel"]
 
 ADMIN_URL = os.environ.get("CALLGATE_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/test")
 REDIS_URL = os.environ.get("CALLGATE_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")

@@ -164,6 +164,8 @@ def address(url: str) -> str:
     """``host:port/path`` of a service URL, for a log line: never its user or password."""
     try:
         parts = urlsplit(url)
+        if "," in parts.netloc:  # several hosts (redis+sentinel://): shown as they are
+            return f"{parts.netloc.rpartition('@')[2]}{parts.path}"
         host = parts.hostname or "localhost"
         port = f":{parts.port}" if parts.port else ""
     except ValueError:

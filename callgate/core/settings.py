@@ -268,7 +268,7 @@ class Settings(Section):
         None, "PostgreSQL URL (postgresql://…); 'demo' and 'up' start an embedded one when unset."
     )
     redis_url: str | None = setting(
-        None, "Redis URL (redis://, rediss:// or unix://); 'demo' and 'up' start one when unset."
+        None, "Redis URL (redis://, rediss://, unix://, redis+sentinel://); 'demo'/'up' start one."
     )
     direct_database_url: str | None = setting(
         None,

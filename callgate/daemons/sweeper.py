@@ -32,8 +32,10 @@ Faster than ``stale_seconds``, two kinds of loss are noticed from Redis (``recov
   leases, which alone decide who may run a reserved call; fencing keeps a stalled owner that
   wakes up harmless;
 - Redis that lost its data (FLUSHALL, a restart without persistence), noticed by its epoch
-  key being gone or changed since this process last looked (``RedisEpoch``): every open
-  call nobody holds is dispatched again.
+  key being gone or changed since this process last looked, and Redis that may have lost
+  its latest writes (a replica promoted by Sentinel, which had not received them; a
+  restart), noticed by its replication id changing (``RedisEpoch``): every open call nobody
+  holds is dispatched again.
 
 Every worker process sweeps too (on a thread, ``CALLGATE_WORKER_SWEEP``), so recovery does
 not depend on the sweeper process; several sweepers at once are safe (``SKIP LOCKED``, and a
@@ -330,7 +332,8 @@ def _redispatch_lost(
 
 
 class RedisEpoch:
-    """What this process last saw of its queue's epoch key in Redis.
+    """What this process last saw of its queue's epoch key in Redis, and of the replication
+    id of the Redis it reached.
 
     The key holds a random value set by the first sweeper that found it missing. Redis that
     lost its data (FLUSHALL, a restart without persistence) loses the key: the next sweep
@@ -338,20 +341,35 @@ class RedisEpoch:
     saw a value (it just started) cannot tell a fresh Redis from a flushed one, so it only
     sets the key: a fresh stack's first sweep re-dispatches nothing. A loss while every
     process restarts is therefore noticed by the stale rule (``stale_seconds``) instead.
+
+    A replica promoted to primary (a Sentinel failover) holds the epoch key, replicated long
+    ago, but may lack the writes of the primary's last moments: jobs enqueued, or taken,
+    just before it died. Redis gives every history a replication id (INFO's
+    ``master_replid``); a promotion or a restart starts a new one. So the value compared is
+    the key's and the id's together: a new id counts as a loss too, even when nothing was
+    lost (the cost is duplicate jobs, which the reservation CAS makes harmless). A Redis that
+    refuses INFO (an ACL without it) is judged by the key alone.
     """
 
     def __init__(self) -> None:
         self.seen: bytes | None = None
 
     def look(self, conn: redis.Redis, queue: str) -> tuple[bool, bytes]:
-        """(lost since this process last looked, the value now). One GET while nothing
-        changed; a SET NX and a second GET when the key is missing."""
+        """(lost since this process last looked, the value now). One round trip (GET and
+        INFO replication) while nothing changed; a SET NX and a second GET when the key is
+        missing."""
         key = transport.epoch_key(queue)
-        current: bytes | None = conn.get(key)  # type: ignore[assignment]
+        with conn.pipeline(transaction=False) as pipe:
+            pipe.get(key)
+            pipe.info("replication")
+            current, info = pipe.execute(raise_on_error=False)
+        if isinstance(current, Exception):
+            raise current
         if current is None:
             conn.set(key, uuid.uuid4().hex, nx=True)
-            current = conn.get(key)  # type: ignore[assignment]
-        now = current or b""
+            current = conn.get(key)
+        history = info.get("master_replid", "") if isinstance(info, dict) else ""
+        now = (current or b"") + b"@" + str(history).encode()
         return self.seen is not None and now != self.seen, now
 
 
@@ -393,7 +411,11 @@ def recover_lost(
             reason="redis_lost",
         )
         if lost:
-            log.warning("Redis lost its data: re-dispatched %d open call(s)", len(lost))
+            log.warning(
+                "Redis lost its data or changed history (a flush, a restart, a failover): "
+                "re-dispatched %d open call(s)",
+                len(lost),
+            )
         dispatched.extend(lost)
     epoch.seen = now
     members: set[bytes] = conn.smembers(transport.workers_key(name))  # type: ignore[assignment]

@@ -215,5 +215,4 @@ class AsyncProducer:
 
 
 def _connect(url: str) -> redis.asyncio.Redis:
-    transport.connect(url)  # the same URL check and error as the synchronous client
-    return redis.asyncio.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+    return transport.connect_async(url)  # the same URLs, checks and errors as the sync client

@@ -12,12 +12,14 @@ from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import redis
+import redis.asyncio
+import redis.sentinel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
 
 from callgate.core.errors import ConfigurationError, ErrorCode, ServiceUnavailable
-from callgate.queue import rq_format
+from callgate.queue import rq_format, sentinel
 
 log = logging.getLogger("callgate.transport")
 
@@ -30,9 +32,12 @@ FAILED_JOB_TTL_SECONDS = 24 * 3600
 
 
 def connect(url: str) -> redis.Redis:
-    """A client for ``url`` (redis://, rediss:// or unix://). Connects lazily; a URL redis-py
-    cannot read is a ConfigurationError that names the variable, never the URL (it may hold
-    a password)."""
+    """A client for ``url`` (redis://, rediss://, unix://, or redis+sentinel:// for the
+    primary a set of Sentinels names: ``sentinel``). Connects lazily; a URL that cannot be
+    read is a ConfigurationError that names the variable, never the URL (it may hold a
+    password)."""
+    if sentinel.is_sentinel(url):
+        return sentinel.connect(sentinel.parse(url))
     try:
         return redis.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
     except ValueError as exc:
@@ -40,8 +45,16 @@ def connect(url: str) -> redis.Redis:
         shown = f"scheme {scheme!r}" if scheme and scheme.isalnum() else "this URL"
         raise ConfigurationError(
             f"CALLGATE_REDIS_URL: redis cannot use {shown}; use redis://HOST:PORT/DB, "
-            f"rediss://… or unix://PATH ({type(exc).__name__})"
+            f"rediss://…, unix://PATH or {sentinel.FORM} ({type(exc).__name__})"
         ) from None
+
+
+def connect_async(url: str) -> redis.asyncio.Redis:
+    """``connect`` for asyncio: the same URLs, checks and errors."""
+    if sentinel.is_sentinel(url):
+        return sentinel.connect_async(sentinel.parse(url))
+    connect(url)  # the URL check and its error
+    return redis.asyncio.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
 
 
 def own_client(shared: redis.Redis, *, socket_timeout: float) -> redis.Redis:
@@ -49,6 +62,8 @@ def own_client(shared: redis.Redis, *, socket_timeout: float) -> redis.Redis:
     give up after ``socket_timeout`` (the shared pool's may wait for minutes: RQ's worker
     raises them to its job timeout)."""
     pool = shared.connection_pool
+    if isinstance(pool, redis.sentinel.SentinelConnectionPool):
+        return redis.Redis(connection_pool=sentinel.own_pool(pool, socket_timeout=socket_timeout))
     kwargs = {**pool.connection_kwargs, "socket_timeout": socket_timeout}
     return redis.Redis(
         connection_pool=redis.ConnectionPool(

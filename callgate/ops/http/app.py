@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any
 
 import anyio
-import redis.asyncio
 from fastapi import FastAPI
 from sqlalchemy import Engine
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -187,9 +186,7 @@ def create_app(settings: Settings, api: ApiSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         producer = Producer.from_env(settings)
-        stream_reader = redis.asyncio.Redis.from_url(
-            producer.settings.require_redis(), socket_connect_timeout=5, health_check_interval=30
-        )
+        stream_reader = transport.connect_async(producer.settings.require_redis())
         collector = AsyncProducer(producer, stream_reader)
         app.state.services = Services(
             producer=producer,

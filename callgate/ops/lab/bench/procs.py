@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from callgate.ops.stack import wait_for_workers
+from callgate.queue import sentinel
 
 BURST_TIMEOUT_SECONDS = 900.0
 
@@ -64,7 +65,7 @@ def rq_worker(queue: str, redis_url: str, env: Mapping[str, str]) -> Child:
             "--serializer",
             "rq.serializers.JSONSerializer",
             "--url",
-            redis_url,
+            sentinel.primary_url(redis_url),  # rq's CLI reads no redis+sentinel:// URL
             "--quiet",
             queue,
         ],
