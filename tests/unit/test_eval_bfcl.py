@@ -311,3 +311,9 @@ def test_an_unknown_category_is_refused(tmp_path: Path) -> None:
         "live_parallel_multiple"
     )
     assert bfcl.category_of(questions, ["live_simple_0-0-0", "live_simple_1-1-0"]) == "live_simple"
+    assert bfcl.category_of(questions, ["parallel_multiple_3"]) == "parallel_multiple"
+    for java in ("simple_java_0", "simple_javascript_0", "multi_turn_base_0"):
+        with pytest.raises(InputError, match="not imported"):
+            bfcl.category_of(questions, [java])
+    with pytest.raises(InputError, match="not imported"):
+        bfcl.category_of(tmp_path / "BFCL_v4_simple_java.json", [])

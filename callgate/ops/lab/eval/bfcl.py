@@ -158,10 +158,14 @@ def category_of(questions: Path, ids: Sequence[str], given: str | None = None) -
             raise InputError(f"--category {given!r}: expected one of {', '.join(CATEGORIES)}")
         return given
     stem = re.sub(r"^BFCL_v\d+_", "", questions.name.removesuffix(".json"))
-    for candidates in ([stem], list(ids)):
-        for name in sorted(CATEGORIES, key=len, reverse=True):
-            if candidates and all(re.match(rf"{name}(_|-|$)", c) for c in candidates):
-                return name
+    # A file is named after its category exactly; an id is the category and a number
+    # (``simple_python_0``, ``live_simple_3-2-0``), so ``simple_java_0`` is no ``simple``.
+    for name in sorted(CATEGORIES, key=len, reverse=True):
+        if stem == name:
+            return name
+    for name in sorted(CATEGORIES, key=len, reverse=True):
+        if ids and all(re.fullmatch(rf"{name}_\d[\w.-]*", i) for i in ids):
+            return name
     raise InputError(
         f"{questions}: cannot tell the BFCL category from the file name or the ids; give "
         f"--category, one of {', '.join(CATEGORIES)} (the Java, JavaScript, multi-turn and "
@@ -220,7 +224,7 @@ def build(
         }
         if answer is not None:
             if q.id in given:
-                response = _response(given[q.id], names, set(stubs))
+                response = _response(given[q.id], names, answer)
                 turn["answers"] = {answer: {SURFACE: response}}
             else:
                 unanswered.append(q.id)
@@ -309,7 +313,7 @@ def _expected(
 # A model's recorded results ------------------------------------------------------------
 
 
-def _response(result: Line, names: Mapping[str, str], known: set[str]) -> dict[str, Any]:
+def _response(result: Line, names: Mapping[str, str], model: str) -> dict[str, Any]:
     """The result as an openai-chat completion: its calls as tool_calls, or its text."""
     raw = result.doc.get("result")
     calls: list[tuple[str, Any]] | None
@@ -338,7 +342,7 @@ def _response(result: Line, names: Mapping[str, str], known: set[str]) -> dict[s
                 "id": f"call_{i}",
                 "type": "function",
                 "function": {
-                    "name": wire_name(SURFACE, _tool_of(func, names, known), check_length=False),
+                    "name": wire_name(SURFACE, _tool_of(func, names), check_length=False),
                     "arguments": json.dumps(args, ensure_ascii=False),
                 },
             }
@@ -350,7 +354,7 @@ def _response(result: Line, names: Mapping[str, str], known: set[str]) -> dict[s
         "id": f"chatcmpl-bfcl-{result.id}",
         "object": "chat.completion",
         "created": 0,
-        "model": "bfcl-result",
+        "model": model,
         "choices": [
             {
                 "index": 0,
@@ -361,7 +365,7 @@ def _response(result: Line, names: Mapping[str, str], known: set[str]) -> dict[s
     }
 
 
-def _tool_of(func: str, names: Mapping[str, str], known: set[str]) -> str:
+def _tool_of(func: str, names: Mapping[str, str]) -> str:
     """The suite's tool a result names: the entry's own function (BFCL's function-calling
     models spell ``math.factorial`` as ``math_factorial``, as its checker allows), or the
     name as given (a tool the question did not offer stays unknown)."""
