@@ -317,3 +317,15 @@ def test_an_unknown_category_is_refused(tmp_path: Path) -> None:
             bfcl.category_of(questions, [java])
     with pytest.raises(InputError, match="not imported"):
         bfcl.category_of(tmp_path / "BFCL_v4_simple_java.json", [])
+
+
+def test_a_question_offering_no_function_imports(tmp_path: Path) -> None:
+    """BFCL's live irrelevance has questions with ``"function": []``."""
+    questions = tmp_path / "BFCL_v4_live_irrelevance.json"
+    questions.write_text(
+        '{"id": "live_irrelevance_120-9-0", "question": [[{"role": "user", "content": '
+        '"Weather in Boston?"}]], "function": []}\n'
+    )
+    out, _ = _import(tmp_path, questions)
+    (fixture,) = load_suite(out).fixtures
+    assert fixture.category == "irrelevance" and fixture.tools == []

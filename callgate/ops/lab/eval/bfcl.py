@@ -134,7 +134,7 @@ def functions(line: Line) -> list[dict[str, Any]]:
     found = line.doc.get("function")
     if isinstance(found, dict):
         found = [found]
-    if not isinstance(found, list) or not found:
+    if not isinstance(found, list):  # [] offers nothing (some irrelevance questions)
         raise line.fail("function", "must be a list of function docs")
     for i, f in enumerate(found):
         if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
@@ -292,8 +292,8 @@ def _expected(
         arguments = {}
         for param, values in params.items():
             where = f"ground_truth[{i}].{tool}.{param}"
-            if not isinstance(values, list) or not values:
-                raise found.fail(where, "must be a non-empty list of acceptable values")
+            if not isinstance(values, list):  # [] accepts nothing: BFCL's data has a few
+                raise found.fail(where, "must be a list of acceptable values")
             found_doc = props.get(param)
             declared: dict[str, Any] = found_doc if isinstance(found_doc, dict) else {}
             kind = declared.get("type", "any")

@@ -83,7 +83,7 @@ class BfclSpec(_Strict):
     items: (
         Literal["string", "integer", "float", "boolean", "array", "tuple", "dict", "any"] | None
     ) = None
-    values: Annotated[list[Any], Field(min_length=1)]
+    values: list[Any]
     required: bool = False  # the function declares it required: never left out
 
 
