@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from callgate.core.errors import InputError
 from callgate.ops.lab.eval import bfcl, stubs
 from callgate.ops.lab.eval.cli import eval_group
-from callgate.ops.lab.eval.fixture import Suite, load_suite
+from callgate.ops.lab.eval.fixture import Suite, load_suite, with_responses
 from callgate.ops.lab.eval.matchers import BfclSpec, bfcl_matches, standardize
 from callgate.ops.lab.eval.scoring import Proposed, TurnRun, model_checks
 from callgate.ops.lab.eval.surfaces import mentioned_names
@@ -165,6 +165,39 @@ def test_without_results_the_fixtures_wait_for_responses_or_a_live_model(tmp_pat
     suite = load_suite(out)
     assert all(f.turns[0].answers == {} for f in suite.fixtures)
     assert suite.config.tools == "callgate.ops.lab.eval.stubs:registry"
+    # --responses: one provider response per fixture, named after BFCL's id.
+    folder = tmp_path / "my-model"
+    folder.mkdir()
+    recorded = {
+        "id": "chatcmpl-1",
+        "object": "chat.completion",
+        "created": 0,
+        "model": "my-model",
+        "choices": [
+            {
+                "index": 0,
+                "finish_reason": "tool_calls",
+                "message": {
+                    "role": "assistant",
+                    "content": None,
+                    "tool_calls": [
+                        {
+                            "id": "call_1",
+                            "type": "function",
+                            "function": {
+                                "name": "calculate_triangle_area",
+                                "arguments": '{"base": 10, "height": 5, "unit": "Units"}',
+                            },
+                        }
+                    ],
+                },
+            }
+        ],
+    }
+    (folder / "simple_python_0.1.openai-chat.json").write_text(json.dumps(recorded))
+    answered = with_responses(suite, folder, "my-model")
+    only = answered.model_copy(update={"fixtures": [answered.fixtures[0]]})
+    assert all(_scored(only, "my-model")["simple_python_0"].values())
 
 
 # BFCL's value rules, one by one (ast_checker.py) ------------------------------------------
