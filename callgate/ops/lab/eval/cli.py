@@ -216,6 +216,8 @@ def import_bfcl_cmd(
         answer = answer or re.sub(r"[^\w.-]", "-", results.name.removesuffix(".json"))
     elif answer is not None:
         raise InputError("--name names the answers of --results: give --results too")
+    if answer is not None and not re.fullmatch(r"[\w.-]{1,120}", answer):
+        raise InputError(f"--name {answer!r}: letters, digits, '_', '.' and '-' only")
     target = out or Path(f"bfcl-{found.replace('_', '-')}")
     imported = bfcl.build(target.name, found, asked, truth, recorded, answer)
     bfcl.write_suite(imported, target)
