@@ -1,4 +1,4 @@
-"""``callgate eval run`` and ``callgate eval compare`` (an entry point of ``callgate.commands``).
+"""``callgate eval run``, ``compare`` and ``import-bfcl`` (an entry point of ``callgate.commands``).
 
 ``run`` exits 0 once the report is written, whatever it says (compare it with a baseline to
 gate CI); ``compare`` exits 1 on a regression, 0 otherwise. Bad input is one line,
@@ -8,6 +8,7 @@ gate CI); ``compare`` exits 1 on a regression, 0 otherwise. Bad input is one lin
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -15,9 +16,9 @@ import click
 
 from callgate.core.errors import InputError
 from callgate.ops.cli.common import load_settings
+from callgate.ops.lab.eval import bfcl, retrieval
 from callgate.ops.lab.eval import compare as comparing
 from callgate.ops.lab.eval import report as reporting
-from callgate.ops.lab.eval import retrieval
 from callgate.ops.lab.eval.fixture import SURFACES, load_suite, with_responses
 from callgate.ops.lab.eval.runner import Options, run_suite
 
@@ -162,6 +163,77 @@ def _report(path: Path) -> dict[str, object]:
     if not isinstance(doc, dict):
         raise InputError(f"{path}: not a JSON report of callgate eval run")
     return doc
+
+
+@eval_group.command("import-bfcl")
+@click.argument("questions", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--answers",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="BFCL's possible-answer file (default: possible_answer/NAME beside QUESTIONS; "
+    "irrelevance needs none).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="The suite folder to write (default: bfcl-CATEGORY); it must not exist yet.",
+)
+@click.option(
+    "--results",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="A model's BFCL result file ({id, result} lines): recorded as each fixture's "
+    "openai-chat answer, named after the file (or --name).",
+)
+@click.option("--name", "answer", default=None, help="The answer set --results becomes.")
+@click.option(
+    "--category",
+    type=click.Choice(sorted(bfcl.CATEGORIES)),
+    default=None,
+    help="BFCL's category, when neither the file name nor the ids say it.",
+)
+def import_bfcl_cmd(
+    questions: Path,
+    answers: Path | None,
+    out: Path | None,
+    results: Path | None,
+    answer: str | None,
+    category: str | None,
+) -> None:
+    """Turn BFCL question (and possible-answer) files into a suite of read-only stub tools
+    that `callgate eval run` scores the way BFCL's AST checker does (docs/eval.md)."""
+    asked = bfcl.read_lines(questions)
+    found = category or bfcl.category_of(questions, [q.id for q in asked])
+    kind = bfcl.CATEGORIES[found]
+    truth: list[bfcl.Line] = []
+    if kind != "irrelevance":
+        truth = bfcl.read_lines(answers or bfcl.default_answers(questions))
+    recorded: list[bfcl.Line] = []
+    if results is not None:
+        recorded = bfcl.read_lines(results)
+        answer = answer or re.sub(r"[^\w.-]", "-", results.name.removesuffix(".json"))
+    elif answer is not None:
+        raise InputError("--name names the answers of --results: give --results too")
+    if answer is not None and not re.fullmatch(r"[\w.-]{1,120}", answer):
+        raise InputError(f"--name {answer!r}: letters, digits, '_', '.' and '-' only")
+    target = out or Path(f"bfcl-{found.replace('_', '-')}")
+    imported = bfcl.build(target.name, found, asked, truth, recorded, answer)
+    bfcl.write_suite(imported, target)
+    click.echo(
+        f"wrote {target}: {len(imported.fixtures)} fixtures ({found}), "
+        f"{len(imported.tools)} read-only stub tools"
+    )
+    if answer is not None:
+        if imported.unanswered:
+            click.echo(f"{len(imported.unanswered)} questions have no result: not scored")
+        click.echo(f"score it: callgate eval run {target} --answers {answer}")
+    else:
+        click.echo(
+            f"score a model: callgate eval run {target} --responses DIR "
+            "(or --live MODEL --surface S)"
+        )
 
 
 eval_group.add_command(retrieval.retrieval_cmd)

@@ -160,6 +160,9 @@ class SuiteConfig(_Strict):
     name: Name
     tools: Annotated[str, Field(pattern=r"^[\w.]+:[\w.]+$")]  # module:registry factory
     doubles: Annotated[str | None, Field(pattern=r"^[\w.]+$")] = None  # module with install/seed
+    # A JSON file of stub tool definitions beside suite.yaml (an imported suite): the runner
+    # hands its path to the registry as CALLGATE_EVAL_STUBS (callgate.ops.lab.eval.stubs).
+    stubs: Annotated[str | None, Field(pattern=r"^[\w.-]+$")] = None
     description: str = ""
 
 

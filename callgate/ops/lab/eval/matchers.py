@@ -4,7 +4,11 @@ A matcher is one of ``{exact: V}``, ``{one_of: [V, ...]}``, ``{range: {min, max}
 either bound optional, both inclusive), ``{regex: PATTERN}`` (the whole string) or
 ``{any: true}`` (present, whatever its value); ``{optional: MATCHER}`` may be left out, and
 must match when given. A bare value is ``exact``. Numbers compare by value (``3`` matches
-``3.0``), never a bool for a number. These are the checks BFCL's possible answers need.
+``3.0``), never a bool for a number.
+
+``{bfcl: {type, items, values, required}}`` checks a value the way BFCL's AST checker does
+(``bfcl_matches``; docs/eval.md cites the source): ``values`` is BFCL's list of acceptable
+values for one parameter, ``""`` among them meaning it may be left out (unless ``required``).
 """
 
 from __future__ import annotations
@@ -61,11 +65,37 @@ class AnyValue(_Strict):
     any: Literal[True]
 
 
+# BFCL's parameter types, as its checker reads them in Python ("any" is checked as a string).
+BFCL_TYPES: dict[str, type] = {
+    "string": str,
+    "integer": int,
+    "float": float,
+    "boolean": bool,
+    "array": list,
+    "tuple": list,
+    "dict": dict,
+    "any": str,
+}
+
+
+class BfclSpec(_Strict):
+    type: Literal["string", "integer", "float", "boolean", "array", "tuple", "dict", "any"]
+    items: (
+        Literal["string", "integer", "float", "boolean", "array", "tuple", "dict", "any"] | None
+    ) = None
+    values: list[Any]
+    required: bool = False  # the function declares it required: never left out
+
+
+class Bfcl(_Strict):
+    bfcl: BfclSpec
+
+
 class Optional(_Strict):
-    optional: Exact | OneOf | Range | Regex | AnyValue
+    optional: Exact | OneOf | Range | Regex | AnyValue | Bfcl
 
 
-Matcher = Exact | OneOf | Range | Regex | AnyValue | Optional
+Matcher = Exact | OneOf | Range | Regex | AnyValue | Bfcl | Optional
 
 
 def parse(raw: Any) -> Matcher:
@@ -78,6 +108,7 @@ def parse(raw: Any) -> Matcher:
             "range": Range,
             "regex": Regex,
             "any": AnyValue,
+            "bfcl": Bfcl,
             "optional": Optional,
         }
         if key == "optional":
@@ -113,6 +144,8 @@ def matches(matcher: Matcher, value: Any) -> bool:
         return same(matcher.exact, value)
     if isinstance(matcher, OneOf):
         return any(same(option, value) for option in matcher.one_of)
+    if isinstance(matcher, Bfcl):
+        return bfcl_matches(matcher.bfcl, value)
     if isinstance(matcher, Range):
         if isinstance(value, bool) or not isinstance(value, int | float):
             return False
@@ -127,6 +160,105 @@ def arguments_match(expected: Mapping[str, Matcher], actual: Mapping[str, Any]) 
     if set(actual) - set(expected):
         return False
     return all(
-        matches(m, actual[name]) if name in actual else isinstance(m, Optional)
-        for name, m in expected.items()
+        matches(m, actual[name]) if name in actual else omittable(m) for name, m in expected.items()
     )
+
+
+def omittable(matcher: Matcher) -> bool:
+    if isinstance(matcher, Bfcl):
+        return "" in matcher.bfcl.values and not matcher.bfcl.required
+    return isinstance(matcher, Optional)
+
+
+# BFCL's rules -----------------------------------------------------------------------------
+# As bfcl_eval/eval_checker/ast_eval/ast_checker.py (ShishirPatil/gorilla) checks a Python
+# function's parameter: a type check (an int passes for a float; a value of the answers' own
+# type is a "variable" and skips the value check), then strings normalised, lists compared
+# element by element, dicts key by key, and anything else by equality with one of the values.
+
+_STANDARD = re.compile(r"[ ,./\-_*^]")
+
+
+def standardize(text: str) -> str:
+    """BFCL's string normalisation: no spaces nor ``,./-_*^``, lower case, ``'`` as ``"``
+    ("April 1, 2024" = "april 1 2024")."""
+    return _STANDARD.sub("", text).lower().replace("'", '"')
+
+
+def bfcl_matches(spec: BfclSpec, value: Any) -> bool:
+    kind = BFCL_TYPES[spec.type]
+    nested = BFCL_TYPES[spec.items] if spec.items else None
+    if spec.type == "float" and type(value) is int:
+        value = float(value)  # Python's own int → float, as BFCL allows
+    answer_type = _answer_type(spec.values)
+    variable = answer_type is not None and answer_type is not kind
+    if type(value) is kind:
+        if isinstance(value, list) and nested and not _nested_types(value, spec.values, nested):
+            return False
+    elif answer_type is not None and type(value) is answer_type:
+        variable = True
+    else:
+        return False
+    if not variable:  # the value has the declared type
+        if isinstance(value, dict):
+            return _dict_ok(value, spec.values)
+        if isinstance(value, list) and nested is dict:
+            return _list_of_dicts_ok(value, spec.values)
+        if isinstance(value, str):
+            return standardize(value) in [standardize(v) for v in spec.values if type(v) is str]
+        if isinstance(value, list):
+            return _standard_list(value) in [
+                _standard_list(v) for v in spec.values if isinstance(v, list | str)
+            ]
+    return any(value == v for v in spec.values)
+
+
+def _answer_type(values: list[Any]) -> type | None:
+    return next((type(v) for v in values if v != ""), None)
+
+
+def _nested_types(value: list[Any], values: list[Any], nested: type) -> bool:
+    """BFCL checks one level of item types: against some acceptable list whose items have
+    that type (or the acceptable list's own item type); a non-list acceptable value passes."""
+    for option in values:
+        if not isinstance(option, list):
+            return True
+        own = _answer_type(option)
+        if all(type(item) is nested or type(item) is own for item in value):
+            return True
+    return False
+
+
+def _standard_list(items: list[Any] | str) -> list[Any]:
+    return [standardize(v) if type(v) is str else v for v in items]
+
+
+def _dict_ok(value: Mapping[str, Any], options: list[Any]) -> bool:
+    for option in options:
+        if option == "" or not isinstance(option, Mapping):
+            continue
+        if _one_dict_ok(value, option):
+            return True
+    return False
+
+
+def _one_dict_ok(value: Mapping[str, Any], option: Mapping[str, Any]) -> bool:
+    for key, given in value.items():
+        if key not in option or not isinstance(option[key], list):
+            return False
+        given = standardize(given) if type(given) is str else given
+        if given not in [standardize(v) if type(v) is str else v for v in option[key]]:
+            return False
+    return all(key in value or "" in allowed for key, allowed in option.items())
+
+
+def _list_of_dicts_ok(value: list[Any], options: list[Any]) -> bool:
+    for option in options:
+        if not isinstance(option, list | str) or len(option) != len(value):
+            continue
+        if all(
+            isinstance(v, Mapping) and isinstance(o, Mapping) and _one_dict_ok(v, o)
+            for v, o in zip(value, option, strict=True)
+        ):
+            return True
+    return False

@@ -1,7 +1,8 @@
 """How well ``Catalog.select`` finds the tool a request needs, and what it saves.
 
-Over a suite in BFCL's format (a questions file of JSON lines ``{id, question, function}``
-and its ``possible_answer`` file ``{id, ground_truth: [{tool: {arg: [values]}}]}``), every
+Over a suite in BFCL's format (read by ``callgate.ops.lab.eval.bfcl``: a questions file of
+JSON lines ``{id, question, function}`` and its ``possible_answer`` file ``{id,
+ground_truth: [{tool: {arg: [values]}}]}``), every
 question's tools join one catalog (the first definition of a name wins), each question is
 the query, and its ground-truth tools are the expected ones. Reported: recall@k (the share
 of a question's expected tools among the first k, averaged over questions) and the tokens of
@@ -28,6 +29,13 @@ from typing import Any
 import click
 
 from callgate.core.errors import InputError
+from callgate.ops.lab.eval.bfcl import (
+    default_answers,
+    functions,
+    json_schema,
+    read_lines,
+    user_text,
+)
 from callgate.tools.registry import READ_ONLY, Catalog, ToolSpec
 from callgate.tools.retrieval import Embed
 
@@ -35,9 +43,6 @@ KS = (1, 3, 5, 10)
 ROLE = "eval"
 APPROX_TOKENS = "words and punctuation marks of the definitions' JSON (regex \\w+|[^\\w\\s])"
 _TOKEN = re.compile(r"\w+|[^\w\s]")
-# BFCL's parameter types that JSON Schema spells otherwise (BFCL converts them so too before
-# showing the tools to a model).
-_JSON_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
 
 
 def recall_at_k(expected: Collection[str], ranked: Sequence[str], k: int) -> float:
@@ -71,83 +76,20 @@ class Suite:
     questions: tuple[Question, ...]
 
 
-def json_schema(parameters: Any) -> Any:
-    """BFCL's parameter schema as JSON Schema: ``dict`` → ``object``, ``float`` →
-    ``number``, ``tuple`` → ``array``, ``any`` → no type; the rest as written."""
-    if isinstance(parameters, list):
-        return [json_schema(p) for p in parameters]
-    if not isinstance(parameters, Mapping):
-        return parameters
-    out: dict[str, Any] = {}
-    for key, value in parameters.items():
-        if key == "type" and isinstance(value, str) and value in _JSON_TYPES:
-            if _JSON_TYPES[value] is not None:
-                out[key] = _JSON_TYPES[value]
-        elif key == "properties" and isinstance(value, Mapping):
-            out[key] = {name: json_schema(sub) for name, sub in value.items()}
-        else:
-            out[key] = json_schema(value)
-    return out
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise InputError(f"cannot read {path}: {exc.strerror}") from None
-    entries = []
-    for number, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{number}: not JSON ({exc.msg})") from None
-        if not isinstance(entry, dict) or not isinstance(entry.get("id"), str):
-            raise InputError(f"{path}:{number}: an entry is a JSON object with an id")
-        entries.append(entry)
-    return entries
-
-
-def _user_text(entry: Mapping[str, Any], where: str) -> str:
-    turns = entry.get("question")
-    if not isinstance(turns, list):
-        raise InputError(f"{where}: question must be a list of turns")
-    texts = [
-        m["content"]
-        for turn in turns
-        for m in (turn if isinstance(turn, list) else [])
-        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
-    ]
-    if not texts:
-        raise InputError(f"{where}: question has no user message")
-    return "\n".join(texts)
-
-
-def default_answers(questions: Path) -> Path:
-    """BFCL's layout: ``possible_answer/NAME`` beside the questions file ``NAME``."""
-    return questions.parent / "possible_answer" / questions.name
-
-
 def load_bfcl(questions: Path, answers: Path | None = None) -> Suite:
-    """A suite from BFCL's files; questions without a ground truth (irrelevance) are left out."""
+    """A suite from BFCL's files (read by ``bfcl``); questions without a ground truth
+    (irrelevance) are left out."""
     answers = answers or default_answers(questions)
     truth: dict[str, tuple[str, ...]] = {}
-    for entry in _lines(answers):
-        calls = entry.get("ground_truth")
+    for line in read_lines(answers):
+        calls = line.doc.get("ground_truth")
         if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
-            raise InputError(f"{answers}: {entry['id']}: ground_truth must be a list of objects")
-        truth[entry["id"]] = tuple(dict.fromkeys(name for c in calls for name in c))
+            raise line.fail("ground_truth", "must be a list of objects")
+        truth[line.id] = tuple(dict.fromkeys(name for c in calls for name in c))
     specs: dict[str, ToolSpec] = {}
     asked: list[Question] = []
-    for entry in _lines(questions):
-        where = f"{questions}: {entry['id']}"
-        functions = entry.get("function")
-        if not isinstance(functions, list):
-            raise InputError(f"{where}: function must be a list of tool definitions")
-        for f in functions:
-            if not isinstance(f, dict) or not isinstance(f.get("name"), str):
-                raise InputError(f"{where}: every function needs a name")
+    for line in read_lines(questions):
+        for f in functions(line):
             specs.setdefault(
                 f["name"],
                 ToolSpec(
@@ -158,9 +100,9 @@ def load_bfcl(questions: Path, answers: Path | None = None) -> Suite:
                     effect=READ_ONLY,
                 ),
             )
-        expected = truth.get(entry["id"])
+        expected = truth.get(line.id)
         if expected:
-            asked.append(Question(entry["id"], _user_text(entry, where), expected))
+            asked.append(Question(line.id, user_text(line), expected))
     unknown = sorted({n for q in asked for n in q.expected} - specs.keys())
     if unknown:
         raise InputError(f"{answers}: expected tools no question offers: {unknown}")

@@ -31,6 +31,7 @@ from callgate.ops.cli.common import apply_migrations, dispatch_after_decision, e
 from callgate.ops.lab.eval import ledger, scoring
 from callgate.ops.lab.eval.fixture import AWAITING_APPROVAL, SUCCEEDED, Fixture, Suite, Turn
 from callgate.ops.lab.eval.live import Conversation, client_for
+from callgate.ops.lab.eval.stubs import ENV as STUBS_ENV
 from callgate.ops.lab.eval.surfaces import mentioned_names, text_of
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer, adapters
@@ -72,17 +73,37 @@ def run_suite(settings: Settings, suite: Suite, options: Options, progress: Text
         if not any(answer in f.answer_sets() for f in suite.fixtures):
             raise InputError(f"no fixture of suite {suite.config.name!r} has answers {answer!r}")
     tools = options.tools or suite.config.tools
-    doubles = _doubles(suite.config.doubles or suite.config.tools.split(":")[0])
+    stubs = (
+        {STUBS_ENV: str((suite.path / suite.config.stubs).resolve())} if suite.config.stubs else {}
+    )
+    with _environ(stubs):
+        doubles = _doubles(suite.config.doubles or suite.config.tools.split(":")[0])
     if options.live and options.live_client is None and options.surfaces:
         # Before any service starts: a missing SDK or key is one line, not a stack trace later.
         options = replace(options, live_client=client_for(next(iter(options.surfaces))))
-    with scratch(settings, options.keep, progress) as scratch_settings:
+    with scratch(settings, options.keep, progress) as scratch_settings, _environ(stubs):
         engine = db.create(scratch_settings.require_database(), application_name="callgate-eval")
         try:
             doubles.install(engine)
             return _run(scratch_settings, engine, suite, options, tools, doubles, progress)
         finally:
             engine.dispose()
+
+
+@contextmanager
+def _environ(extra: dict[str, str]) -> Iterator[None]:
+    """``extra`` in this process's environment for the block: the producer loads the suite's
+    registry here, and the workers inherit it (an imported suite's stubs file)."""
+    saved = {k: os.environ.get(k) for k in extra}
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
 
 
 def _doubles(module: str) -> Any:

@@ -1,0 +1,465 @@
+"""BFCL's files (the Berkeley Function Calling Leaderboard), read; and a suite built from them.
+
+The format (docs/eval.md, "Importing BFCL", cites its source): one JSON object a line.
+
+- questions: ``{"id", "question": [[{"role", "content"}, ...]], "function": [{name,
+  description, parameters}, ...]}``, ``parameters`` in BFCL's dialect of JSON Schema
+  (``dict``, ``float``, ``tuple``, ``any`` for ``object``, ``number``, ``array``, no type);
+- possible answers: ``{"id", "ground_truth": [{tool: {param: [acceptable values]}}]}``, ``""``
+  among a parameter's values meaning it may be left out;
+- a model's results: ``{"id", "result"}``, ``result`` a list of ``{tool: {param: value}}``
+  (function-calling models; the arguments may be a JSON string) or a string of Python calls,
+  ``"[get_weather(city='Seoul')]"`` (prompting models; read with ``ast``, never run).
+
+``build`` is pure over the parsed lines; ``read_lines`` and ``write_suite`` do the I/O. Bad
+input is one ``invalid_input`` error naming the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from jsonschema import Draft202012Validator
+from jsonschema.exceptions import SchemaError
+
+from callgate.core.errors import InputError
+from callgate.ops.lab.eval.matchers import BFCL_TYPES
+from callgate.producer.adapters.names import wire_name
+
+# BFCL's parameter types that JSON Schema spells otherwise (BFCL converts them so too before
+# showing the tools to a model).
+_JSON_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
+# BFCL's single-turn Python categories (v3 and v4 spellings) → the fixture's category.
+CATEGORIES = {
+    "live_parallel_multiple": "parallel_multiple",
+    "parallel_multiple": "parallel_multiple",
+    "live_parallel": "parallel",
+    "parallel": "parallel",
+    "live_multiple": "multiple",
+    "multiple": "multiple",
+    "live_simple": "simple",
+    "simple_python": "simple",
+    "simple": "simple",
+    "live_irrelevance": "irrelevance",
+    "irrelevance": "irrelevance",
+}
+ROLE = "bfcl"
+PRINCIPAL = {"user_id": "bfcl-user", "tenant_id": "bfcl", "roles": [ROLE]}
+STUBS = "tools.json"
+SURFACE = "openai-chat"  # the surface recorded results are written on
+
+
+@dataclass(frozen=True)
+class Line:
+    file: Path
+    number: int
+    doc: dict[str, Any]
+
+    @property
+    def id(self) -> str:
+        return str(self.doc["id"])
+
+    def fail(self, field: str, problem: str) -> InputError:
+        return InputError(f"{self.file}:{self.number}: field {field}: {problem}")
+
+
+def read_lines(path: Path) -> list[Line]:
+    """A JSON-lines file of objects that each have a string ``id``."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    lines = []
+    for number, raw in enumerate(text.splitlines(), 1):
+        if not raw.strip():
+            continue
+        try:
+            doc = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{number}: not JSON ({exc.msg})") from None
+        if not isinstance(doc, dict) or not isinstance(doc.get("id"), str) or not doc["id"]:
+            raise InputError(f"{path}:{number}: field id: each line is a JSON object with an id")
+        lines.append(Line(path, number, doc))
+    if not lines:
+        raise InputError(f"{path}: no entries (one JSON object a line)")
+    return lines
+
+
+def json_schema(parameters: Any) -> Any:
+    """BFCL's parameter schema as JSON Schema: ``dict`` → ``object``, ``float`` →
+    ``number``, ``tuple`` → ``array``, ``any`` → no type; the rest as written."""
+    if isinstance(parameters, list):
+        return [json_schema(p) for p in parameters]
+    if not isinstance(parameters, Mapping):
+        return parameters
+    out: dict[str, Any] = {}
+    for key, value in parameters.items():
+        if key == "type" and isinstance(value, str) and value in _JSON_TYPES:
+            if _JSON_TYPES[value] is not None:
+                out[key] = _JSON_TYPES[value]
+        elif key == "properties" and isinstance(value, Mapping):
+            out[key] = {name: json_schema(sub) for name, sub in value.items()}
+        else:
+            out[key] = json_schema(value)
+    return out
+
+
+def user_text(line: Line) -> str:
+    """The user's messages of an entry's first turn(s), joined."""
+    turns = line.doc.get("question")
+    if not isinstance(turns, list):
+        raise line.fail("question", "must be a list of turns (lists of messages)")
+    texts = [
+        m["content"]
+        for turn in turns
+        for m in (turn if isinstance(turn, list) else [turn])
+        if isinstance(m, dict) and m.get("role") == "user" and isinstance(m.get("content"), str)
+    ]
+    if not texts:
+        raise line.fail("question", "has no user message")
+    return "\n".join(texts)
+
+
+def functions(line: Line) -> list[dict[str, Any]]:
+    """An entry's function docs, each with a name and a ``dict`` parameters schema."""
+    found = line.doc.get("function")
+    if isinstance(found, dict):
+        found = [found]
+    if not isinstance(found, list):  # [] offers nothing (some irrelevance questions)
+        raise line.fail("function", "must be a list of function docs")
+    for i, f in enumerate(found):
+        if not isinstance(f, dict) or not isinstance(f.get("name"), str) or not f["name"]:
+            raise line.fail(f"function[{i}].name", "every function needs a name")
+        params = f.get("parameters", {"type": "dict", "properties": {}})
+        if not isinstance(params, dict) or not isinstance(params.get("properties", {}), dict):
+            raise line.fail(f"function[{i}].parameters", "must be an object with properties")
+    return found
+
+
+def default_answers(questions: Path) -> Path:
+    """BFCL's layout: ``possible_answer/NAME`` beside the questions file ``NAME``."""
+    return questions.parent / "possible_answer" / questions.name
+
+
+def category_of(questions: Path, ids: Sequence[str], given: str | None = None) -> str:
+    """BFCL's category: ``given``, else the file name's (``BFCL_v4_live_simple.json``), else
+    the ids' (``parallel_multiple_3``); the longest name that fits wins."""
+    if given is not None:
+        if given not in CATEGORIES:
+            raise InputError(f"--category {given!r}: expected one of {', '.join(CATEGORIES)}")
+        return given
+    stem = re.sub(r"^BFCL_v\d+_", "", questions.name.removesuffix(".json"))
+    # A file is named after its category exactly; an id is the category and a number
+    # (``simple_python_0``, ``live_simple_3-2-0``), so ``simple_java_0`` is no ``simple``.
+    for name in sorted(CATEGORIES, key=len, reverse=True):
+        if stem == name:
+            return name
+    for name in sorted(CATEGORIES, key=len, reverse=True):
+        if ids and all(re.fullmatch(rf"{name}_\d[\w.-]*", i) for i in ids):
+            return name
+    raise InputError(
+        f"{questions}: cannot tell the BFCL category from the file name or the ids; give "
+        f"--category, one of {', '.join(CATEGORIES)} (the Java, JavaScript, multi-turn and "
+        "relevance categories are not imported)"
+    )
+
+
+@dataclass(frozen=True)
+class Imported:
+    """A suite's content: its stub tools, its fixtures, and the recorded answers' name."""
+
+    name: str
+    category: str
+    tools: list[dict[str, Any]]
+    fixtures: list[dict[str, Any]]
+    answer: str | None = None
+    unanswered: list[str] = field(default_factory=list)  # fixtures the results left out
+
+
+def build(
+    name: str,
+    category: str,
+    questions: Sequence[Line],
+    answers: Sequence[Line],
+    results: Sequence[Line] = (),
+    answer: str | None = None,
+) -> Imported:
+    """The suite for BFCL ``category``'s questions, possible answers and (optional) results."""
+    kind = CATEGORIES[category]
+    truth = {a.id: a for a in answers}
+    given = {r.id: r for r in results}
+    asked = {q.id for q in questions}
+    for r in results:
+        if r.id not in asked:
+            raise r.fail("id", f"{r.id!r} is no question of {questions[0].file}")
+    stubs: dict[str, dict[str, Any]] = {}
+    fixtures: list[dict[str, Any]] = []
+    unanswered: list[str] = []
+    for q in questions:
+        if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", q.id) or len(q.id) > 120:
+            raise q.fail("id", f"{q.id!r} is not usable as a fixture id ([A-Za-z0-9][\\w.-]*)")
+        docs = functions(q)
+        names = {f["name"]: _stub_name(q, i, f, stubs) for i, f in enumerate(docs)}
+        calls: list[dict[str, Any]] = []
+        if kind != "irrelevance":
+            found = truth.get(q.id)
+            if found is None:
+                raise InputError(f"{answers[0].file if answers else '--answers'}: no entry {q.id}")
+            calls = _expected(found, docs, names)
+        turn: dict[str, Any] = {
+            "answers": {},
+            "calls": calls,
+            "executor": {
+                n: {"outcome": "succeeded", "always": True, "effects": 0} for n in names.values()
+            },
+        }
+        if answer is not None:
+            if q.id in given:
+                response = _response(given[q.id], names, answer)
+                turn["answers"] = {answer: {SURFACE: response}}
+            else:
+                unanswered.append(q.id)
+        fixtures.append(
+            {
+                "id": q.id,
+                "category": kind,
+                "request": user_text(q),
+                "principal": PRINCIPAL,
+                "tools": list(names.values()),
+                "turns": [turn],
+            }
+        )
+    return Imported(name, category, list(stubs.values()), fixtures, answer, unanswered)
+
+
+def _stub_name(
+    line: Line, index: int, doc: Mapping[str, Any], stubs: dict[str, dict[str, Any]]
+) -> str:
+    """The suite's name for a function doc: its own, unless another entry defined that name
+    differently (one registry serves the suite): then ``NAME__2`` and on."""
+    where = f"function[{index}].parameters"
+    schema = json_schema(doc.get("parameters", {"type": "dict", "properties": {}}))
+    try:
+        Draft202012Validator.check_schema(schema)
+    except SchemaError as exc:
+        raise line.fail(where, f"not a usable schema once converted ({exc.message})") from None
+    definition = {
+        "name": doc["name"],
+        "description": str(doc.get("description", "")),
+        "parameters": schema,
+    }
+    n = 1
+    while True:
+        candidate = doc["name"] if n == 1 else f"{doc['name']}__{n}"
+        known = stubs.get(candidate)
+        if known is None:
+            stubs[candidate] = {**definition, "name": candidate}
+            return candidate
+        if {**known, "name": doc["name"]} == definition:
+            return candidate
+        n += 1
+
+
+def _expected(
+    found: Line, docs: Sequence[Mapping[str, Any]], names: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    truth = found.doc.get("ground_truth")
+    if not isinstance(truth, list) or not truth:
+        raise found.fail("ground_truth", "must be a non-empty list of {tool: {param: [values]}}")
+    by_name = {d["name"]: d for d in docs}
+    calls = []
+    for i, call in enumerate(truth):
+        if not isinstance(call, dict) or len(call) != 1:
+            raise found.fail(f"ground_truth[{i}]", "must be one {tool: {param: [values]}}")
+        tool, params = next(iter(call.items()))
+        doc = by_name.get(tool)
+        if doc is None:
+            raise found.fail(f"ground_truth[{i}]", f"{tool!r} is no function of the question")
+        if not isinstance(params, dict):
+            raise found.fail(f"ground_truth[{i}].{tool}", "must map each param to its values")
+        schema = doc.get("parameters") or {}
+        props = schema.get("properties") or {}
+        required = set(schema.get("required") or [])
+        arguments = {}
+        for param, values in params.items():
+            where = f"ground_truth[{i}].{tool}.{param}"
+            if not isinstance(values, list):  # [] accepts nothing: BFCL's data has a few
+                raise found.fail(where, "must be a list of acceptable values")
+            found_doc = props.get(param)
+            declared: dict[str, Any] = found_doc if isinstance(found_doc, dict) else {}
+            kind = declared.get("type", "any")
+            if kind not in BFCL_TYPES:
+                raise found.fail(where, f"type {kind!r} is not one of BFCL's Python types")
+            items = (declared.get("items") or {}).get("type")
+            spec: dict[str, Any] = {"type": kind, "values": values}
+            if kind in ("array", "tuple") and items in BFCL_TYPES:
+                spec["items"] = items
+            if param in required:
+                spec["required"] = True
+            arguments[param] = {"bfcl": spec}
+        calls.append({"name": names[tool], "arguments": arguments})
+    return calls
+
+
+# A model's recorded results ------------------------------------------------------------
+
+
+def _response(result: Line, names: Mapping[str, str], model: str) -> dict[str, Any]:
+    """The result as an openai-chat completion: its calls as tool_calls, or its text."""
+    raw = result.doc.get("result")
+    calls: list[tuple[str, Any]] | None
+    if isinstance(raw, str):
+        calls = parse_python_calls(raw)
+    elif isinstance(raw, list):
+        calls = []
+        for i, item in enumerate(raw):
+            if not isinstance(item, dict) or len(item) != 1:
+                raise result.fail(f"result[{i}]", "must be one {function: {arg: value}}")
+            func, args = next(iter(item.items()))
+            if isinstance(args, str):
+                try:
+                    args = json.loads(args)
+                except json.JSONDecodeError:
+                    raise result.fail(f"result[{i}].{func}", "arguments are not JSON") from None
+            if not isinstance(args, dict):
+                raise result.fail(f"result[{i}].{func}", "arguments must be an object")
+            calls.append((func, args))
+    else:
+        raise result.fail("result", "must be a list of calls or a string of Python calls")
+    message: dict[str, Any] = {"role": "assistant", "content": None}
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": f"call_{i}",
+                "type": "function",
+                "function": {
+                    "name": wire_name(SURFACE, _tool_of(func, names), check_length=False),
+                    "arguments": json.dumps(args, ensure_ascii=False),
+                },
+            }
+            for i, (func, args) in enumerate(calls, 1)
+        ]
+    else:
+        message["content"] = raw if isinstance(raw, str) else ""
+    return {
+        "id": f"chatcmpl-bfcl-{result.id}",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "finish_reason": "tool_calls" if calls else "stop",
+            }
+        ],
+    }
+
+
+def _tool_of(func: str, names: Mapping[str, str]) -> str:
+    """The suite's tool a result names: the entry's own function (BFCL's function-calling
+    models spell ``math.factorial`` as ``math_factorial``, as its checker allows), or the
+    name as given (a tool the question did not offer stays unknown)."""
+    if func in names:
+        return names[func]
+    underscored = [n for n in names if n.replace(".", "_") == func]
+    if len(underscored) == 1:
+        return names[underscored[0]]
+    return func
+
+
+def parse_python_calls(text: str) -> list[tuple[str, Any]] | None:
+    """``"[f(a=1), pkg.g(b='x')]"`` → ``[("f", {"a": 1}), ("pkg.g", {"b": "x"})]``; ``None``
+    when the text is no list of calls with literal keyword arguments (a prose answer).
+    Parsed with ``ast`` and ``ast.literal_eval``: nothing in it ever runs."""
+    body = text.strip()
+    body = re.sub(r"^```(?:python)?\s*|\s*```$", "", body).strip()
+    if not body:
+        return None
+    if not body.startswith("["):
+        body = f"[{body}]"
+    try:
+        tree = ast.parse(body, mode="eval").body
+    except SyntaxError:
+        return None
+    if not isinstance(tree, ast.List | ast.Tuple):
+        return None
+    calls = []
+    for node in tree.elts:
+        if not isinstance(node, ast.Call) or node.args:
+            return None
+        func = _dotted(node.func)
+        if func is None:
+            return None
+        args = {}
+        for kw in node.keywords:
+            if kw.arg is None:
+                return None
+            try:
+                args[kw.arg] = ast.literal_eval(kw.value)
+            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                return None
+            if isinstance(args[kw.arg], tuple):
+                args[kw.arg] = list(args[kw.arg])
+        calls.append((func, args))
+    return calls
+
+
+def _dotted(node: ast.expr) -> str | None:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        inner = _dotted(node.value)
+        return None if inner is None else f"{inner}.{node.attr}"
+    return None
+
+
+# The suite on disk ---------------------------------------------------------------------
+
+
+def suite_config(imported: Imported) -> dict[str, Any]:
+    return {
+        "name": imported.name,
+        "description": f"imported from BFCL's {imported.category} category",
+        "tools": "callgate.ops.lab.eval.stubs:registry",
+        "doubles": "callgate.ops.lab.eval.stubs",
+        "stubs": STUBS,
+    }
+
+
+def write_suite(imported: Imported, out: Path) -> None:
+    """Write the suite folder: in a temporary folder beside ``out``, renamed into place at
+    the end, so a failure leaves nothing half-written. An existing ``out`` is refused."""
+    import yaml
+
+    if out.exists():
+        raise InputError(f"--out {out}: already exists; remove it or name another folder")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        (tmp / "suite.yaml").write_text(
+            "# Imported by callgate eval import-bfcl (docs/eval.md, Importing BFCL).\n"
+            + yaml.safe_dump(suite_config(imported), sort_keys=False, allow_unicode=True),
+            encoding="utf-8",
+        )
+        (tmp / STUBS).write_text(
+            json.dumps(imported.tools, indent=1, ensure_ascii=False) + "\n", encoding="utf-8"
+        )
+        (tmp / "fixtures").mkdir()
+        for doc in imported.fixtures:
+            (tmp / "fixtures" / f"{doc['id']}.yaml").write_text(
+                yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), encoding="utf-8"
+            )
+        os.replace(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
