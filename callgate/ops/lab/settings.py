@@ -33,3 +33,11 @@ class BenchSettings(Section):
     concurrency: int = setting(
         32, "Calls in flight per worker for the slow tools and the memory figure.", ge=1
     )
+
+
+class EvalSettings(Section):
+    model_config = SettingsConfigDict(env_prefix=f"{Section.model_config['env_prefix']}EVAL_")
+
+    stubs: Path | None = setting(
+        None, "Set by 'callgate eval run': the imported suite's stub tools file (tools.json)."
+    )

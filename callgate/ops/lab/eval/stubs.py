@@ -13,14 +13,13 @@ stub can write anything, whatever a model proposes.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Engine
 
 from callgate.core.errors import ConfigurationError
 from callgate.ops.lab.eval import ledger
+from callgate.ops.lab.settings import EvalSettings
 from callgate.tools.registry import READ_ONLY, ExecutionContext, Registry, Tool
 
 ENV = "CALLGATE_EVAL_STUBS"
@@ -29,14 +28,14 @@ ROLE = "bfcl"
 
 def registry() -> Registry:
     """The stubs named in the file ``CALLGATE_EVAL_STUBS`` points to, all allowed to ``bfcl``."""
-    path = os.environ.get(ENV, "")
-    if not path:
+    path = EvalSettings.from_env().stubs
+    if path is None:
         raise ConfigurationError(
             f"{ENV} is not set: it names the imported suite's stub tools file (callgate eval "
             "run sets it from the suite's stubs: field)"
         )
     try:
-        docs = json.loads(Path(path).read_text(encoding="utf-8"))
+        docs = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ConfigurationError(f"{ENV}={path}: not a readable JSON file ({exc})") from None
     if not isinstance(docs, list):
