@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import Token
 from typing import Final
 
@@ -55,10 +55,12 @@ def _tracer() -> trace.Tracer:
     return tracer
 
 
+_NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+
 def active() -> bool:
     """Is a real tracer provider set? False: every span here is skipped outright."""
-    provider = trace.get_tracer_provider()
-    return not isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider)
+    return not isinstance(trace.get_tracer_provider(), _NO_PROVIDER)
 
 
 def flush(timeout_seconds: float = 2.0) -> None:
@@ -94,14 +96,17 @@ def carrier_of(span: Span) -> dict[str, str] | None:
     return carrier or None
 
 
-@contextmanager
-def submitting(calls: int) -> Iterator[Span]:
+def submitting(calls: int) -> AbstractContextManager[Span]:
     """``callgate.submit``, a child of the caller's current span. Without a provider it
     yields the caller's current span (its context, if valid, is still stored with the turn
     and continued by the workers)."""
     if not active():
-        yield trace.get_current_span()
-        return
+        return nullcontext(trace.get_current_span())
+    return _submitting(calls)
+
+
+@contextmanager
+def _submitting(calls: int) -> Iterator[Span]:
     with _tracer().start_as_current_span(
         "callgate.submit",
         kind=SpanKind.PRODUCER,
@@ -116,12 +121,13 @@ def submitted(span: Span, turn_id: object, repeat: bool) -> None:
         span.set_attributes({"callgate.turn_id": str(turn_id), "callgate.repeat": repeat})
 
 
-@contextmanager
-def collecting(turn_id: object) -> Iterator[Span]:
+def collecting(turn_id: object) -> AbstractContextManager[Span]:
     """``callgate.collect``: the fan-in wait of one turn."""
-    if not active():
-        yield trace.INVALID_SPAN
-        return
+    return _collecting(turn_id) if active() else _UNTRACED_COLLECT
+
+
+@contextmanager
+def _collecting(turn_id: object) -> Iterator[Span]:
     with _tracer().start_as_current_span(
         "callgate.collect", attributes={"callgate.turn_id": str(turn_id)}, record_exception=False
     ) as span:
@@ -229,11 +235,13 @@ class Delivery:
         self.span.set_attributes(attributes)
 
 
-# One instance for every delivery that is not traced.
+# One instance for every delivery that is not traced, and the (reusable) contexts that
+# hand them out.
 NOT_TRACED: Final = Delivery(trace.INVALID_SPAN)
+_UNTRACED_DELIVERY: Final = nullcontext(NOT_TRACED)
+_UNTRACED_COLLECT: Final = nullcontext(trace.INVALID_SPAN)
 
 
-@contextmanager
 def delivering(
     *,
     tool_name: str,
@@ -243,14 +251,28 @@ def delivering(
     call_ref: object,
     trace_context: Mapping[str, str] | None,
     queue_wait_seconds: float | None,
-) -> Iterator[Delivery]:
+) -> AbstractContextManager[Delivery]:
     """``execute_tool {tool_name}``, a child of the submit span stored with the turn. It
     starts when the call was dispatched (its first stage is the queue wait) and the gate
     stage follows. An exception that escapes sets ``error.type`` to its class name (never
     its text)."""
     if not active():
-        yield NOT_TRACED
-        return
+        return _UNTRACED_DELIVERY
+    return _delivering(
+        tool_name, call_id, turn_id, operation_id, call_ref, trace_context, queue_wait_seconds
+    )
+
+
+@contextmanager
+def _delivering(
+    tool_name: str,
+    call_id: str,
+    turn_id: object,
+    operation_id: str,
+    call_ref: object,
+    trace_context: Mapping[str, str] | None,
+    queue_wait_seconds: float | None,
+) -> Iterator[Delivery]:
     now = time.time_ns()
     dispatched = None
     if queue_wait_seconds is not None and queue_wait_seconds >= 0:
