@@ -107,13 +107,30 @@ def submitting(calls: int) -> AbstractContextManager[Span]:
 
 @contextmanager
 def _submitting(calls: int) -> Iterator[Span]:
-    with _tracer().start_as_current_span(
-        "callgate.submit",
-        kind=SpanKind.PRODUCER,
-        attributes={"callgate.calls": calls},
-        record_exception=False,
-    ) as span:
+    with (
+        _tracer().start_as_current_span(
+            "callgate.submit",
+            kind=SpanKind.PRODUCER,
+            attributes={"callgate.calls": calls},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span,
+        _failures(span),
+    ):
         yield span
+
+
+@contextmanager
+def _failures(span: Span) -> Iterator[None]:
+    """An exception leaving ``span`` sets ``error.type`` to its error code (a callgate
+    error's) or its class, and the ERROR status: never its text, which may quote input."""
+    try:
+        yield
+    except BaseException as exc:
+        code = getattr(exc, "code", None)
+        span.set_attribute("error.type", str(code) if code else type(exc).__qualname__)
+        span.set_status(Status(StatusCode.ERROR))
+        raise
 
 
 def submitted(span: Span, turn_id: object, repeat: bool) -> None:
@@ -128,9 +145,15 @@ def collecting(turn_id: object) -> AbstractContextManager[Span]:
 
 @contextmanager
 def _collecting(turn_id: object) -> Iterator[Span]:
-    with _tracer().start_as_current_span(
-        "callgate.collect", attributes={"callgate.turn_id": str(turn_id)}, record_exception=False
-    ) as span:
+    with (
+        _tracer().start_as_current_span(
+            "callgate.collect",
+            attributes={"callgate.turn_id": str(turn_id)},
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span,
+        _failures(span),
+    ):
         yield span
 
 
@@ -303,11 +326,7 @@ def _delivering(
                 spans.end_stage(now)
             spans.stage(GATE)
         try:
-            yield spans
-        except BaseException as exc:
-            if spans.on:
-                span.set_attribute("error.type", type(exc).__qualname__)
-                span.set_status(Status(StatusCode.ERROR))
-            raise
+            with _failures(span):
+                yield spans
         finally:
             spans.end_stage()

@@ -23,6 +23,7 @@ from opentelemetry.trace import StatusCode
 
 import callgate
 from callgate.core import logs
+from callgate.core.errors import InputError
 from callgate.observe import tracing
 
 
@@ -139,6 +140,19 @@ def test_a_failure_sets_error_type_and_an_escaping_exception_only_its_class(expo
     assert span.attributes["error.type"] == "RuntimeError"
     assert span.events == ()  # the exception's text is never recorded
     assert "secret-argument-value" not in repr(span.to_json())
+
+
+def test_a_failed_submit_or_collect_records_its_code_never_its_message(exported):
+    with pytest.raises(InputError), tracing.submitting(1):
+        raise InputError("city 'Seoul' is not a city")
+    with pytest.raises(TimeoutError), tracing.collecting("t-1"):
+        raise TimeoutError("Seoul")
+    submit, collect = exported.get_finished_spans()
+    assert submit.attributes["error.type"] == "invalid_input"
+    assert collect.attributes["error.type"] == "TimeoutError"
+    for span in (submit, collect):
+        assert span.status.status_code is StatusCode.ERROR
+        assert "Seoul" not in repr(span.to_json())
 
 
 def test_a_log_record_inside_a_span_carries_its_ids(exported):
