@@ -16,15 +16,16 @@ a result or an exception's text (a handler's error may quote its arguments).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import Token
-from typing import Final
+from typing import Any, Final
 
 from opentelemetry import context as otel_context
-from opentelemetry import propagate, trace
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
+from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
 TRACER_NAME: Final = "callgate"
 
@@ -41,6 +42,11 @@ GATE: Final = "callgate.gate"
 RESERVATION: Final = "callgate.reservation"
 HANDLER: Final = "callgate.handler"
 COMPLETION: Final = "callgate.completion"
+
+# W3C trace context only, whatever OTEL_PROPAGATORS says: what is stored with a turn is the
+# trace's position (``traceparent``, ``tracestate``), never the caller's baggage, which may
+# hold application data.
+W3C: Final = TraceContextTextMapPropagator()
 
 _tracers: dict[int, trace.Tracer] = {}
 
@@ -92,7 +98,7 @@ def carrier_of(span: Span) -> dict[str, str] | None:
     if not span.get_span_context().is_valid:
         return None
     carrier: dict[str, str] = {}
-    propagate.inject(carrier, context=trace.set_span_in_context(span))
+    W3C.inject(carrier, context=trace.set_span_in_context(span))
     return carrier or None
 
 
@@ -181,7 +187,7 @@ def relayed(
     (``created``) to its publish on Redis (``published``), both in ns since the epoch."""
     span = _tracer().start_span(
         "callgate.relay",
-        context=propagate.extract(trace_context),
+        context=W3C.extract(trace_context),
         kind=SpanKind.PRODUCER,
         start_time=created,
     )
@@ -234,6 +240,19 @@ class Delivery:
                     "callgate.takeover": takeover,
                 }
             )
+
+    def stamped(self, detail: dict[str, Any]) -> dict[str, Any]:
+        """``detail`` with this attempt's span context (``span_context``), for the
+        reservation's trace event: a later takeover links to it."""
+        carrier = carrier_of(self.span) if self.on else None
+        return detail if carrier is None else {**detail, "span_context": carrier}
+
+    def link(self, earlier: Iterable[Mapping[str, str]]) -> None:
+        """Link this attempt to the attempts it took over (stored by ``stamped``)."""
+        for carrier in earlier:
+            context = trace.get_current_span(W3C.extract(carrier)).get_span_context()
+            if context.is_valid:
+                self.span.add_link(context, {"callgate.link": "earlier_attempt"})
 
     def finish(
         self,
@@ -300,7 +319,7 @@ def _delivering(
     dispatched = None
     if queue_wait_seconds is not None and queue_wait_seconds >= 0:
         dispatched = now - int(queue_wait_seconds * 1e9)
-    parent = propagate.extract(trace_context) if trace_context else None
+    parent = W3C.extract(trace_context) if trace_context else None
     with _tracer().start_as_current_span(
         f"execute_tool {tool_name}",
         context=parent,

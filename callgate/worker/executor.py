@@ -45,6 +45,7 @@ from callgate.core.types import TERMINAL_STATES
 from callgate.observe import metrics, tracing
 from callgate.queue import transport
 from callgate.store import approvals, calls, db, reservations
+from callgate.store.trace import attempt_spans
 from callgate.store.turns import RAW_ARGUMENTS
 from callgate.tools import gate, redaction, results
 from callgate.tools.intent import idempotency_key, intent_hash
@@ -322,10 +323,12 @@ def _run(
         intent_hash=intent,
         canonical=facts.canonical,
         lease_seconds=rt.settings.lease_seconds,
-        detail=d.audit,
+        detail=d.spans.stamped(d.audit),
     )
     if isinstance(reserved, reservations.NotReserved):
         return _lost(d, reserved, intent)
+    if reserved.takeover and d.spans.on:  # one read, only for a traced takeover
+        d.spans.link(attempt_spans(rt.engine, call.ref, reserved.generation))
 
     lease = reservations.Lease(call.operation_id, owner, reserved.generation, intent)
     events.reserved(call, d.tool, reserved.generation, reserved.takeover, d.loaded)

@@ -88,6 +88,7 @@ class _Handler(BaseHTTPRequestHandler):
                             "end": s.end_time_unix_nano,
                             "attributes": _attributes(s.attributes),
                             "events": [_attributes(e.attributes) for e in s.events],
+                            "links": [(k.trace_id.hex(), k.span_id.hex()) for k in s.links],
                             "status": s.status.code,
                         }
                     )
@@ -202,6 +203,7 @@ def test_one_connected_trace_from_the_application_span_to_each_stage(
         assert a["gen_ai.tool.name"] == "get_weather"
         assert a["gen_ai.tool.type"] == "function"
         assert "error.type" not in a
+        assert tool["links"] == []  # a first attempt links to nothing
         call = refs[a["gen_ai.tool.call.id"]]
         assert a["callgate.turn_id"] == turn.turn_id
         assert a["callgate.operation_id"] == call.operation_id
@@ -238,8 +240,9 @@ def test_a_worker_killed_mid_call_leaves_its_takeover_in_the_same_trace(
     producer, service_env, receiver, app_tracer
 ):
     """The second attempt's ``execute_tool`` is, like the first, a child of the submit span,
-    marked as a takeover of generation 2. The killed attempt's span never ended (SIGKILL),
-    but the stages it finished had been exported: both attempts are in the one trace."""
+    marked as a takeover of generation 2 and linked to the first attempt. The killed
+    attempt's span never ended (SIGKILL), but the stages it finished had been exported: both
+    attempts are in the one trace."""
     env = {
         **service_env,
         "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
@@ -288,7 +291,8 @@ def test_a_worker_killed_mid_call_leaves_its_takeover_in_the_same_trace(
     assert attributes["callgate.status"] == "succeeded"
     reservations = {x["parent"] for x in spans if x["name"] == tracing.RESERVATION}
     assert reservations == {first["parent"], taken["span_id"]}
-    # The killed attempt's own span never ended, so it was never exported: its finished
-    # stages hang under a span id the trace does not hold (a link to it is not kept yet).
+    # The killed attempt's own span never ended, so it was never exported; its finished
+    # stages hang under its span id, and the takeover links to that span.
     assert first["parent"] not in {x["span_id"] for x in spans}
+    assert taken["links"] == [(trace_id, first["parent"])]
     assert "Oslo" not in json.dumps(receiver.received())

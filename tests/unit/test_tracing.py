@@ -142,6 +142,20 @@ def test_a_failure_sets_error_type_and_an_escaping_exception_only_its_class(expo
     assert "secret-argument-value" not in repr(span.to_json())
 
 
+def test_a_takeover_links_to_the_attempts_it_took_over(exported):
+    tracer = trace.get_tracer("test")
+    first = tracing.Delivery(tracer.start_span("first attempt"))
+    detail = first.stamped({"tool": "get_weather"})
+    assert detail["tool"] == "get_weather" and "traceparent" in detail["span_context"]
+    assert tracing.NOT_TRACED.stamped({"tool": "x"}) == {"tool": "x"}  # untraced: unchanged
+
+    second = tracing.Delivery(tracer.start_span("takeover"))
+    second.link([detail["span_context"], {"traceparent": "garbage"}])
+    second.span.end()
+    (taken,) = [s for s in exported.get_finished_spans() if s.name == "takeover"]
+    assert [link.context.span_id for link in taken.links] == [first.span.get_span_context().span_id]
+
+
 def test_a_failed_submit_or_collect_records_its_code_never_its_message(exported):
     with pytest.raises(InputError), tracing.submitting(1):
         raise InputError("city 'Seoul' is not a city")
