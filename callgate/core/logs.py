@@ -9,7 +9,9 @@ working unchanged.
 Ids come from ``extra={"call_id": ...}`` on one record, or from ``bind(...)`` for every
 record a block of code writes (a context variable: each thread and each asyncio task has its
 own). Only the fields in ``ID_FIELDS`` and ``EVENT_FIELDS`` are ever written, so arguments,
-results or secrets passed as ``extra`` never reach a log line.
+results or secrets passed as ``extra`` never reach a log line. A record written inside an
+OpenTelemetry span also carries its ``trace_id`` and ``span_id`` (hex, as trace backends
+show them), so a log line opens its trace.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any, Final, Literal, TextIO
 from urllib.parse import urlsplit
+
+from opentelemetry import trace
 
 # ``principal_id``: who decided an approval (a user id, the same the trace records).
 ID_FIELDS: Final = (
@@ -86,13 +90,19 @@ def event(logger: logging.Logger, name: str, level: int = logging.INFO, **fields
 
 
 def fields_of(record: logging.LogRecord) -> dict[str, Any]:
-    """The allowed fields of ``record``: bound ones, overridden by the record's ``extra``."""
+    """The allowed fields of ``record``: bound ones, overridden by the record's ``extra``;
+    the current span's ``trace_id`` and ``span_id`` when one is active."""
     out = {k: v for k, v in _bound.get().items() if k in FIELDS}
     for key in FIELDS:
         value = record.__dict__.get(key)
         if value is not None:
             out[key] = value
-    return {k: v if isinstance(v, int | float | bool) else str(v) for k, v in out.items()}
+    fields = {k: v if isinstance(v, int | float | bool) else str(v) for k, v in out.items()}
+    span = trace.get_current_span().get_span_context()
+    if span.is_valid:
+        fields["trace_id"] = trace.format_trace_id(span.trace_id)
+        fields["span_id"] = trace.format_span_id(span.span_id)
+    return fields
 
 
 def _timestamp(record: logging.LogRecord) -> str:

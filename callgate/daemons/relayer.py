@@ -19,10 +19,10 @@ from typing import Any
 
 import psycopg
 import redis
-from sqlalchemy import Engine, Row, text
+from sqlalchemy import Connection, Engine, Row, text
 
 from callgate.core import logs
-from callgate.observe import metrics
+from callgate.observe import metrics, tracing
 from callgate.queue import transport
 from callgate.store import db
 
@@ -45,6 +45,13 @@ SELECT id, turn_id, call_ref, CAST(payload AS text) AS payload,
 
 MARK_SQL = "UPDATE callgate.outbox SET published_at = now() WHERE id = ANY(:ids)"
 
+# Only when a tracer provider is set: the submit contexts of a batch's turns, the parents of
+# their ``callgate.relay`` spans.
+TRACE_CONTEXTS_SQL = """
+SELECT turn_id, trace_context FROM callgate.turns
+ WHERE turn_id = ANY(:turns) AND trace_context IS NOT NULL
+"""
+
 
 def drain_once(
     engine: Engine,
@@ -59,6 +66,7 @@ def drain_once(
         rows = conn.execute(text(CLAIM_SQL), {"batch": batch}).all()
         if not rows:
             return 0
+        claimed = time.time_ns()
         pipe = connection.pipeline(transaction=False)
         streams: dict[str, None] = {}
         for row in rows:
@@ -77,6 +85,8 @@ def drain_once(
         metrics.outbox_republished(first.count(False))
         metrics.relayed(row.age_seconds for row in rows)
         _published(rows, first)
+        if tracing.active():
+            _traced(conn, rows, first, claimed)
         if mark_delay:
             # Chaos knob (CALLGATE_RELAYER_MARK_DELAY_MS): widens the publish-to-mark window
             # so a test can kill the relayer inside it.
@@ -91,6 +101,28 @@ def _published(rows: Sequence[Row[Any]], first: Sequence[bool]) -> None:
         for row, new in zip(rows, first, strict=True):
             event = "published" if new else "republished"
             logs.event(log, event, turn_id=row.turn_id, call_ref=row.call_ref)
+
+
+def _traced(
+    conn: Connection, rows: Sequence[Row[Any]], first: Sequence[bool], claimed: int
+) -> None:
+    """A ``callgate.relay`` span per published row of a traced turn: from the row's commit
+    (its age when claimed, on Postgres' clock) to now."""
+    turn_ids = list({row.turn_id for row in rows})
+    found = conn.execute(text(TRACE_CONTEXTS_SQL), {"turns": turn_ids})
+    contexts: dict[Any, dict[str, str]] = {r.turn_id: r.trace_context for r in found}
+    published = time.time_ns()
+    for row, new in zip(rows, first, strict=True):
+        context = contexts.get(row.turn_id)
+        if context is not None:
+            tracing.relayed(
+                turn_id=row.turn_id,
+                call_ref=row.call_ref,
+                trace_context=context,
+                created=claimed - int(row.age_seconds * 1e9),
+                published=published,
+                republished=not new,
+            )
 
 
 def drain(

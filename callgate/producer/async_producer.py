@@ -34,6 +34,7 @@ import callgate.producer.validation as validation
 from callgate.core.errors import ProducerClosed
 from callgate.core.settings import Settings
 from callgate.core.types import CallContext, ProposedCall, Turn
+from callgate.observe import tracing
 from callgate.producer.fanin import (
     REDIS_AWAY,
     FanIn,
@@ -51,6 +52,7 @@ from callgate.producer.producer import (
     fanned_in,
     first_read,
     recheck,
+    traced,
 )
 from callgate.queue import transport
 from callgate.store import db, turns
@@ -128,6 +130,12 @@ class AsyncProducer:
 
     async def collect(self, turn_id: str, timeout: float) -> Collected:
         """``Producer.collect``, awaited: up to ``timeout`` seconds for one result per call."""
+        with tracing.collecting(turn_id) as span:
+            done = await self._collect(turn_id, timeout)
+            traced(span, done)
+            return done
+
+    async def _collect(self, turn_id: str, timeout: float) -> Collected:
         validation.check_timeout(timeout)
         deadline = time.monotonic() + timeout
         state = await self._in_thread("collect", first_read, self.producer.engine, turn_id, timeout)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from opentelemetry.trace import Span
 from rq import Queue
 from sqlalchemy import Engine
 
@@ -19,7 +20,7 @@ import callgate.producer.validation as validation
 from callgate.core.errors import CorrelationError, ErrorCode, ServiceUnavailable
 from callgate.core.settings import Settings
 from callgate.core.types import TRUST_LABEL, CallContext, ProposedCall, Turn
-from callgate.observe import metrics
+from callgate.observe import metrics, tracing
 from callgate.producer.budgets import apply_budgets
 from callgate.producer.fanin import (
     REDIS_AWAY,
@@ -121,6 +122,16 @@ def fanned_in(state: turns.TurnState, fan: FanIn, loaded: float) -> None:
     age when read at ``loaded``, on Postgres' clock, plus the wait since)."""
     if fan.complete and state.age_seconds is not None:
         metrics.fanned_in(state.age_seconds + (time.monotonic() - loaded))
+
+
+def traced(span: Span, done: Collected) -> None:
+    """A ``callgate.collect`` span's outcome: complete, and how many results and pending."""
+    tracing.collected(
+        span,
+        complete=done.complete,
+        results=len(done.results),
+        pending=len(done.pending) + len(done.awaiting_approval),
+    )
 
 
 def request_hash(checked: validation.Submission) -> str:
@@ -235,7 +246,15 @@ class Producer:
             )
             return list(decided)
 
-        recorded = self._record(ctx, planned, decide, key, request_hash(checked))
+        with tracing.submitting(len(planned)) as span:
+            # The submit span's context, stored with the turn: the workers' spans continue it.
+            carrier = tracing.carrier_of(span)
+            recorded = self._record(ctx, planned, decide, key, request_hash(checked), carrier)
+            tracing.submitted(span, recorded.turn_id, recorded.repeat)
+            return self._enqueue(recorded, key)
+
+    def _enqueue(self, recorded: turns.Recorded, key: str) -> Turn:
+        """Enqueue the calls a recorded turn dispatches now (a repeat's undispatched ones)."""
         if not recorded.repeat:
             metrics.calls_proposed_all(
                 (p.proposal.tool_name for p in recorded.planned), self.registry.tools
@@ -263,6 +282,7 @@ class Producer:
         decide: turns.Decide,
         key: str,
         content_hash: str,
+        trace_context: Mapping[str, str] | None = None,
     ) -> turns.Recorded:
         """``turns.record_turn`` under ``key``, again after a lost connection (a PostgreSQL
         restart, a terminated backend) for up to ``db.RECONNECT_SECONDS``.
@@ -286,6 +306,7 @@ class Producer:
                 submit_key=key,
                 submit_hash=content_hash,
                 progress=progress,
+                trace_context=trace_context,
             )
 
         try:
@@ -311,6 +332,12 @@ class Producer:
         without a result: nothing is invented for them. ``timeout`` must be finite and not
         negative (``InputError`` otherwise).
         """
+        with tracing.collecting(turn_id) as span:
+            done = self._collect(turn_id, timeout)
+            traced(span, done)
+            return done
+
+    def _collect(self, turn_id: str, timeout: float) -> Collected:
         validation.check_timeout(timeout)
         deadline = time.monotonic() + timeout
         state = first_read(self.engine, turn_id, timeout)

@@ -15,6 +15,7 @@ SELECT c.id, c.turn_id, c.call_id, c.tool_name, c.arguments, c.kind, c.state,
        c.operation_id, c.after_call,
        prev.state AS after_state,
        t.request_id, t.tenant_id, t.user_id, t.roles,
+       t.trace_context,  -- the submit span's W3C context: the parent of the worker's spans
        op.state AS op_state, op.intent_hash AS op_intent, op.canonical AS op_canonical,
        -- on Postgres' clock at both ends (no skew between hosts): the queue-wait histogram
        CAST(EXTRACT(EPOCH FROM clock_timestamp() - c.dispatched_at) AS float8)
@@ -51,6 +52,8 @@ class CallRecord:
     op_canonical: dict[str, Any] | None
     # Seconds since the call's last dispatch when it was loaded (None: never dispatched).
     queue_wait_seconds: float | None = None
+    # The submit's W3C trace context (``traceparent``, ``tracestate``); None: not traced.
+    trace_context: dict[str, str] | None = None
 
 
 def load(engine: Engine, ref: uuid.UUID) -> CallRecord | None:

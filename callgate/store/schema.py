@@ -53,6 +53,9 @@ turns = Table(
     # refused. NULL only on turns recorded before keys existed.
     Column("submit_key", Text),
     Column("submit_hash", Text),
+    # The submitter's W3C trace context (``traceparent``, ``tracestate``): the parent of the
+    # worker's spans (callgate/observe/tracing.py). NULL when the submit was not traced.
+    Column("trace_context", JSONB),
 )
 Index("turns_conversation", turns.c.conversation_id)
 # One turn per key and tenant: the guard that makes submit idempotent (turns.record).

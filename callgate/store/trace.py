@@ -59,3 +59,23 @@ def events(
     if not rows:
         raise UnknownTurn(f"no trace for {turn_or_call}")
     return [{**dict(r), "at": r["at"].isoformat(timespec="milliseconds")} for r in rows]
+
+
+# The span contexts a call's earlier reservations recorded (when their worker traced): a
+# takeover's span links to them. Read only by a traced takeover.
+ATTEMPT_SPANS_SQL = """
+SELECT detail -> 'span_context' AS span_context
+  FROM callgate.trace_events
+ WHERE call_ref = :call_ref AND event IN ('reserved', 'takeover')
+   AND generation < :generation AND detail -> 'span_context' IS NOT NULL
+ ORDER BY generation
+"""
+
+
+def attempt_spans(engine: Engine, call_ref: uuid.UUID, generation: int) -> list[dict[str, str]]:
+    """The W3C contexts of the attempts at ``call_ref`` before ``generation``, first first."""
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(ATTEMPT_SPANS_SQL), {"call_ref": call_ref, "generation": generation}
+        ).all()
+    return [dict(row.span_context) for row in rows if isinstance(row.span_context, dict)]

@@ -132,9 +132,9 @@ class Recorded:
 # inserts): no read-then-write race.
 CLAIM_TURN_SQL = """
 INSERT INTO callgate.turns (turn_id, request_id, tenant_id, user_id, roles, conversation_id,
-                            submit_key, submit_hash)
+                            submit_key, submit_hash, trace_context)
 VALUES (:turn_id, :request_id, :tenant_id, :user_id, :roles, :conversation_id,
-        :submit_key, :submit_hash)
+        :submit_key, :submit_hash, CAST(:trace_context AS jsonb))
 ON CONFLICT (tenant_id, submit_key) DO NOTHING
 RETURNING turn_id
 """
@@ -174,9 +174,12 @@ def record(
     decide: Decide | None = None,
     *,
     turn_id: uuid.UUID | None = None,
+    trace_context: Mapping[str, str] | None = None,
 ) -> tuple[uuid.UUID, list[PlannedCall]]:
     """``record_turn`` without a submit key (a turn no repeat can find): its id and calls."""
-    done = record_turn(engine, context, planned, decide, turn_id=turn_id)
+    done = record_turn(
+        engine, context, planned, decide, turn_id=turn_id, trace_context=trace_context
+    )
     return done.turn_id, done.planned
 
 
@@ -190,8 +193,12 @@ def record_turn(
     submit_key: str | None = None,
     submit_hash: str | None = None,
     progress: RecordProgress | None = None,
+    trace_context: Mapping[str, str] | None = None,
 ) -> Recorded:
     """Turn, operations and calls in one transaction: all of it is recorded, or none.
+
+    ``trace_context`` (the submit span's W3C ``traceparent``/``tracestate``) is stored with
+    the turn, in the same INSERT: the worker's spans continue that trace.
 
     ``decide`` sees the conversation's facts under a per-conversation lock, so concurrent
     turns of one conversation cannot both spend its last budget, and returns the calls as
@@ -204,7 +211,9 @@ def record_turn(
     turn_id = turn_id or uuid.uuid4()
     progress = progress or RecordProgress()
     with engine.connect() as conn, conn.begin() as transaction:
-        done = _record_in(conn, context, planned, decide, turn_id, submit_key, submit_hash)
+        done = _record_in(
+            conn, context, planned, decide, turn_id, submit_key, submit_hash, trace_context
+        )
         # A lost connection from here on may have lost only COMMIT's reply.
         progress.commit_sent = True
         transaction.commit()
@@ -219,6 +228,7 @@ def _record_in(
     turn_id: uuid.UUID,
     submit_key: str | None,
     submit_hash: str | None,
+    trace_context: Mapping[str, str] | None = None,
 ) -> Recorded:
     if submit_key is not None:
         claimed = conn.execute(
@@ -232,6 +242,7 @@ def _record_in(
                 "conversation_id": context.conversation_id,
                 "submit_key": submit_key,
                 "submit_hash": submit_hash,
+                "trace_context": None if trace_context is None else json.dumps(trace_context),
             },
         ).first()
         if claimed is None:
@@ -264,6 +275,7 @@ def _record_in(
                 user_id=context.user_id,
                 roles=list(context.roles),
                 conversation_id=context.conversation_id,
+                trace_context=None if trace_context is None else dict(trace_context),
             )
         )
     # An application may hand in an existing operation id (a retry of one logical

@@ -42,9 +42,10 @@ from callgate.core.errors import (
 )
 from callgate.core.settings import Settings
 from callgate.core.types import TERMINAL_STATES
-from callgate.observe import metrics
+from callgate.observe import metrics, tracing
 from callgate.queue import transport
 from callgate.store import approvals, calls, db, reservations
+from callgate.store.trace import attempt_spans
 from callgate.store.turns import RAW_ARGUMENTS
 from callgate.tools import gate, redaction, results
 from callgate.tools.intent import idempotency_key, intent_hash
@@ -82,6 +83,10 @@ class _Delivery:
             "tool": call.tool_name,
             "verdicts": self.verdicts,
         }
+        self.spans = tracing.NOT_TRACED
+        # The call's status and error code once this delivery ended it (for its span).
+        self.status: str | None = None
+        self.code: str | None = None
 
     def trace(self, event: str, **detail: Any) -> None:
         reservations.trace(
@@ -103,6 +108,22 @@ def execute(rt: Runtime, ref: uuid.UUID) -> DeliveryOutcome:
         return DeliveryOutcome.UNKNOWN_CALL
     d = _Delivery(rt, call)
     metrics.queue_waited(call.queue_wait_seconds)
+    with tracing.delivering(
+        tool_name=call.tool_name,
+        call_id=call.call_id,
+        turn_id=call.turn_id,
+        operation_id=call.operation_id,
+        call_ref=call.ref,
+        trace_context=call.trace_context,
+        queue_wait_seconds=call.queue_wait_seconds,
+    ) as d.spans:
+        outcome = _execute(d)
+        d.spans.finish(outcome.value, d.status, d.code, d.verdicts)
+        return outcome
+
+
+def _execute(d: _Delivery) -> DeliveryOutcome:
+    call = d.call
     try:
         return events.delivered(call, d.tool, _deliver(d))
     except _LeaseLetGo as let_go:
@@ -292,6 +313,7 @@ def _run(
     rt, call = d.rt, d.call
     owner = uuid.uuid4()
     sent = time.monotonic()
+    d.spans.stage(tracing.RESERVATION)
     reserved = reservations.reserve(
         rt.engine,
         operation_id=call.operation_id,
@@ -301,13 +323,17 @@ def _run(
         intent_hash=intent,
         canonical=facts.canonical,
         lease_seconds=rt.settings.lease_seconds,
-        detail=d.audit,
+        detail=d.spans.stamped(d.audit),
     )
     if isinstance(reserved, reservations.NotReserved):
         return _lost(d, reserved, intent)
+    if reserved.takeover and d.spans.on:  # one read, only for a traced takeover
+        d.spans.link(attempt_spans(rt.engine, call.ref, reserved.generation))
 
     lease = reservations.Lease(call.operation_id, owner, reserved.generation, intent)
     events.reserved(call, d.tool, reserved.generation, reserved.takeover, d.loaded)
+    d.spans.reserved(reserved.generation, reserved.takeover)
+    d.spans.stage(tracing.HANDLER)
     started = time.monotonic()
     detail = dict(d.audit)
     with Heartbeat(
@@ -347,6 +373,7 @@ def _run(
     metrics.executed(tool.name, time.monotonic() - started)
     d.audit = detail
     # The completion's own log record is written by ``events.completed`` (one per state change).
+    d.spans.stage(tracing.COMPLETION)
     return _complete(d, lease, outcome)
 
 
@@ -501,6 +528,7 @@ def _complete(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> Del
         return DeliveryOutcome.STALE_COMPLETION
     _finish(d.rt, finished)
     code = outcome.payload.get("code")
+    d.status, d.code = outcome.status, code
     events.completed(d.call, d.tool, outcome.status, code, finished.finished, lease.generation)
     if code == ErrorCode.RECONCILIATION_PENDING:
         return DeliveryOutcome.RECONCILIATION_PENDING
@@ -701,6 +729,8 @@ def _refusal(err: CallgateError, d: _Delivery) -> dict[str, Any]:
 
 
 def _refusal_facts(d: _Delivery, err: CallgateError) -> dict[str, Any]:
+    """Called once this delivery's refusal ended the call."""
+    d.status, d.code = results.failure_status(err), err.code.value
     return {
         "verdicts": d.verdicts,
         "status": results.failure_status(err),

@@ -26,7 +26,7 @@ from typing import Any
 from callgate.core import logs
 from callgate.core.settings import Settings
 from callgate.daemons import sweeper
-from callgate.observe import metrics
+from callgate.observe import metrics, tracing
 from callgate.queue import transport
 from callgate.store import db, schema_version, tool_catalog
 from callgate.tools import redaction
@@ -132,8 +132,10 @@ def _exit_now(code: int) -> None:
     not be waited for, but they would keep running tool code (a write, a completion) while
     the interpreter tears down the modules, connections and MCP servers under them. Ending
     here is what a SIGKILL does, which callgate is built to survive: the leases, no longer
-    renewed, expire and another worker takes the calls over. Only the logs are flushed
-    first."""
+    renewed, expire and another worker takes the calls over. Only the logs and the spans
+    are flushed first."""
+    with contextlib.suppress(Exception):
+        tracing.flush()
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):

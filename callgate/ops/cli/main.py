@@ -22,6 +22,7 @@ from sqlalchemy.exc import OperationalError
 
 from callgate.core import logs
 from callgate.core.errors import CallgateError, ErrorCode
+from callgate.ops import telemetry
 from callgate.ops.cli import approvals, maintenance, processes, turns
 from callgate.ops.cli.common import EXIT_ERROR, setup_logging
 from callgate.ops.flags import setting_option
@@ -75,6 +76,9 @@ def cli(log_level: str, log_format: logs.LogFormat, paths: tuple[str, ...]) -> N
     """
     setup_logging(log_level, log_format)
     use_paths(paths)
+    # Traces when the OTEL_* variables ask for them (docs/tracing.md); service.name
+    # callgate-<command> unless OTEL_SERVICE_NAME says otherwise.
+    telemetry.setup(click.get_current_context().invoked_subcommand or "cli")
 
 
 def use_paths(paths: Sequence[str]) -> None:
