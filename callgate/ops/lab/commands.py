@@ -57,7 +57,7 @@ def demo_cmd(workers: int, data_dir: Path | None) -> None:
     "--calls",
     variable="CALLGATE_BENCH_CALLS",
     type=click.IntRange(min=20),
-    help="Calls per throughput run (default 1000; --quick 60).",
+    help="Calls per throughput run (default 1000; --quick 400).",
 )
 @setting_option(
     "--repeat",
