@@ -41,9 +41,9 @@ class Config:
     @property
     def io_calls(self) -> int:
         """100 ms tools: enough calls to keep every worker busy for a few seconds at one
-        call in flight per process, without making the run take minutes; a quick run's
-        still fill W = 2 × K = 32 slots twice over."""
-        return min(self.calls, 160 if self.quick else 320)
+        call in flight per process, without making the run take minutes (bare RQ sleeps
+        through them one at a time); a quick run's fill W = 1 × K = 32 slots twice."""
+        return min(self.calls, 64 if self.quick else 320)
 
     @property
     def redelivery_calls(self) -> int:
