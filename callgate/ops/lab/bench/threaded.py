@@ -83,14 +83,16 @@ def _run(
 ) -> Timings:
     queue = queue_name("benchdq")
     broker = RedisBroker(url=services.redis_url, namespace=namespace(queue))  # type: ignore[no-untyped-call]
+    children: list[procs.Child] = []
     try:
         for actor, args in messages:
             broker.enqueue(
                 Message(queue_name=queue, actor_name=actor, args=args, kwargs={}, options={})
             )
         child = procs.dramatiq(modules, queue, processes, threads, services.env(queue))
+        children.append(child)
         _await_drained(services, queue, child)
-        procs.stop([child])
+        procs.stop(children)
         if child.proc.returncode != 0:
             raise BenchError(f"dramatiq exited {child.proc.returncode}: {child.tail()}")
         procs.forget([child])
@@ -102,6 +104,7 @@ def _run(
             )
         return found
     finally:
+        procs.stop(children)  # no-op once it exited; never leaves it running on an error
         broker.client.close()
         delete_keys(services.redis, f"{namespace(queue)}:*")
 
