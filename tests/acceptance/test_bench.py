@@ -51,6 +51,27 @@ def test_quick_bench_writes_its_results_and_its_checks_hold(
             assert row["callgate_per_s"] > 0 and row["baseline_per_s"] > 0
     assert "| No-op reads (get_stock) | 2 |" in table
 
+    # Every baseline ran beside callgate with the same W; the threads are callgate's K
+    # (bare RQ runs one job at a time), and callgate is read against the threaded ceiling.
+    systems = {
+        "noop": {"bare_rq": 1, "rq_durable": 1, "dramatiq": 8, "dramatiq_durable": 8},
+        "io": {"bare_rq": 1, "dramatiq": cfg["concurrency"]},
+    }
+    for scenario, threads in systems.items():
+        for row in result["throughput"][scenario]["rows"]:
+            got = {name: b["threads"] for name, b in row["baselines"].items()}
+            assert got == threads
+            for b in row["baselines"].values():
+                assert b["workers"] == row["workers"] and len(b["runs"]) == 1 and b["per_s"] > 0
+            assert row["ratio_to_threaded_ceiling"] > 0
+    noop = result["throughput"]["noop"]["rows"][0]
+    assert noop["threaded_ceiling"] == "dramatiq_durable"
+    assert noop["threaded_ceiling_per_s"] == noop["baselines"]["dramatiq_durable"]["per_s"]
+    assert result["throughput"]["write"]["rows"][0]["ratio_to_threaded_ceiling"] is None
+    # A quick run says its ratios are indicative only, in both files.
+    assert cfg["indicative_only"] and "one repeat" in cfg["indicative_why"]
+    assert "**Indicative only:**" in table
+
     checks = result["checks"]
     assert checks["every_call_ended"] and checks["ended"] == checks["calls"] > 0
     red = result["redelivery"]

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import importlib
 import sys
 import tempfile
 from pathlib import Path
@@ -57,7 +58,7 @@ def demo_cmd(workers: int, data_dir: Path | None) -> None:
     "--calls",
     variable="CALLGATE_BENCH_CALLS",
     type=click.IntRange(min=20),
-    help="Calls per throughput run (default 1000; --quick 60).",
+    help="Calls per throughput run (default 1000; --quick 400).",
 )
 @setting_option(
     "--repeat",
@@ -80,20 +81,23 @@ def bench_cmd(
     repeat: int | None,
     concurrency: int,
 ) -> None:
-    """Measure callgate against bare RQ on CALLGATE_DATABASE_URL and CALLGATE_REDIS_URL.
+    """Measure callgate against bare RQ and dramatiq on CALLGATE_DATABASE_URL and
+    CALLGATE_REDIS_URL.
 
-    No-op reads, writes and 100 ms tools with W workers beside bare RQ with the same W;
-    fan-in of three reads; the same writes delivered 3×; traffic, latency per stage and
-    memory per in-flight call. Migrates what it needs and uses queues of its own. Exits 1
-    if a correctness check inside it fails (a call that never ended, a write applied other
-    than once).
+    No-op reads, writes and 100 ms tools with W workers beside bare RQ with the same W, and
+    beside dramatiq (W processes of K threads) alone and with the minimum durable work per
+    call (the threaded ceiling); fan-in of three reads; the same writes delivered 3×;
+    traffic, latency per stage and memory per in-flight call. Migrates what it needs and
+    uses queues of its own. Exits 1 if a correctness check inside it fails (a call that
+    never ended, a write applied other than once).
     """
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        raise ConfigurationError(
-            "callgate bench draws its plots with matplotlib: pip install 'callgate[bench]'"
-        ) from None
+    for module, why in (("matplotlib", "draws its plots"), ("dramatiq", "runs its baselines")):
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise ConfigurationError(
+                f"callgate bench {why} with {module}: pip install 'callgate[bench]'"
+            ) from None
     preset = QUICK if quick else FULL
     config = Config(
         workers=_worker_counts(workers) if workers else preset["workers"],  # type: ignore[arg-type]

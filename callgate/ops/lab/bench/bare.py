@@ -1,17 +1,20 @@
 """Bare RQ's side: the same number of jobs, ``enqueue_many``, then W ``rq worker --burst``
-(SimpleWorker, JSON) processes, measured from RQ's own job timestamps."""
+(SimpleWorker, JSON) processes, measured from RQ's own job timestamps; and RQ running the
+minimum durable work (``callgate.ops.lab.bench.durable``), measured from its rows."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from callgate.ops.lab.bench import measure, procs
+from callgate.ops.lab.bench import durable, measure, procs
 from callgate.ops.lab.bench.services import Services, delete_keys, queue_name
 from callgate.ops.lab.bench.workload import TURN, new_order
 
+_T = TypeVar("_T")
 RESULT_TTL_SECONDS = 600  # long enough to read the timestamps; deleted right after
 
 
@@ -36,6 +39,37 @@ def refunds(services: Services, calls: int) -> list[tuple[str, tuple[Any, ...]]]
 
 def burst(services: Services, jobs: list[tuple[str, tuple[Any, ...]]], *, workers: int) -> float:
     """Enqueue ``jobs`` in one ``enqueue_many``, drain with ``workers`` burst workers; jobs/s."""
+    worker = "callgate.ops.lab.bench.rq_worker.PreloadedWorker"
+    return _drain(
+        services, jobs, workers, worker, lambda ids: measure.rq_per_second(services.redis, ids)
+    )
+
+
+def durable_burst(services: Services, calls: int, *, workers: int) -> durable.Run:
+    """``calls`` jobs of the minimum durable work, one call row each inserted before the
+    workers start; read (and checked: one winner, one result and one outbox row per call)
+    from the rows' own timestamps."""
+    run, call_ids = durable.seed(services.engine, calls)
+    try:
+        jobs = [("callgate.ops.lab.bench.jobs.minimum_durable", (c,)) for c in call_ids]
+        worker = "callgate.ops.lab.bench.rq_worker.DurableWorker"
+        _drain(services, jobs, workers, worker, lambda ids: None)
+        found = durable.read(services.engine, run)
+        found.check("RQ + minimum durable work")
+        return found
+    finally:
+        durable.delete(services.engine, run)
+
+
+def _drain(
+    services: Services,
+    jobs: list[tuple[str, tuple[Any, ...]]],
+    workers: int,
+    worker_class: str,
+    read: Callable[[list[str]], _T],
+) -> _T:
+    """Enqueue, run ``workers`` burst workers of ``worker_class``, ``read`` the jobs before
+    they are deleted."""
     queue = Queue(queue_name("benchrq"), connection=services.redis, serializer=JSONSerializer)
     ids: list[str] = []
     try:
@@ -45,10 +79,13 @@ def burst(services: Services, jobs: list[tuple[str, tuple[Any, ...]]], *, worker
         ]
         ids += [job.id for job in queue.enqueue_many(datas)]
         env = {"CALLGATE_DATABASE_URL": services.database_url}
-        children = [procs.rq_worker(queue.name, services.redis_url, env) for _ in range(workers)]
+        children = [
+            procs.rq_worker(queue.name, services.redis_url, env, worker_class)
+            for _ in range(workers)
+        ]
         procs.wait_all(children, "rq worker --burst")
         procs.forget(children)
-        return measure.rq_per_second(services.redis, ids)
+        return read(ids)
     finally:
         _delete_jobs(services, ids)
         delete_keys(services.redis, f"rq:*{queue.name}*")

@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-QUICK = {"workers": (1, 2), "calls": 60, "repeat": 1}
+QUICK = {"workers": (1, 2), "calls": 400, "repeat": 1}
 FULL = {"workers": (1, 2, 4), "calls": 1000, "repeat": 3}
+# Below this many calls per run a throughput figure is not one to compare: the fastest
+# baselines finish a run in a few tens of milliseconds, where a scheduling hiccup of one
+# process on a shared machine moves the figure by more than 10%. Measured on a loaded 2-core
+# machine (5 systems, 3 runs each at 100, 200 and 400 calls): see docs/operations.md.
+STABLE_CALLS = 400
 DEFAULT_CONCURRENCY = 32
 IO_DELAY_MS = 100
 
@@ -19,10 +24,26 @@ class Config:
     quick: bool
 
     @property
+    def indicative_why(self) -> str | None:
+        """Why this run's ratios are indicative only, or None when they can be compared."""
+        why: list[str] = []
+        if self.calls < STABLE_CALLS:
+            why.append(
+                f"{self.calls} calls per run, below the {STABLE_CALLS} that give figures "
+                "stable within about 10%"
+            )
+        if self.repeat == 1:
+            why.append("one repeat, so no median smooths a disturbed run")
+        if not why:
+            return None
+        return "; ".join(why) + ". Compare full runs (`callgate bench`), not these."
+
+    @property
     def io_calls(self) -> int:
         """100 ms tools: enough calls to keep every worker busy for a few seconds at one
-        call in flight per process, without making the run take minutes."""
-        return min(self.calls, 20 if self.quick else 320)
+        call in flight per process, without making the run take minutes (bare RQ sleeps
+        through them one at a time); a quick run's fill W = 1 × K = 32 slots twice."""
+        return min(self.calls, 64 if self.quick else 320)
 
     @property
     def redelivery_calls(self) -> int:
@@ -47,6 +68,8 @@ class Config:
             "repeat": self.repeat,
             "concurrency": self.concurrency,
             "quick": self.quick,
+            "indicative_only": self.indicative_why is not None,
+            "indicative_why": self.indicative_why,
             "io_calls": self.io_calls,
             "io_delay_ms": IO_DELAY_MS,
             "redelivery_calls": self.redelivery_calls,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from callgate.ops.lab.bench import latency, measure, workload
+from callgate.ops.lab.bench import latency, ratios, workload
 from callgate.ops.lab.bench.services import Services
 from callgate.ops.lab.bench.stack import running
 
@@ -18,13 +18,13 @@ def turns(services: Services, *, repeat: int) -> dict[str, Any]:
     with running(services, workers=3, CALLGATE_DEMO_DELAY_MS=delays) as run:
         elapsed, _ = latency.closed_loop(run, [workload.fan_in()] * repeat)
     slowest, serial = max(DELAYS_MS.values()), sum(DELAYS_MS.values())
-    e2e = measure.median(elapsed)
+    e2e = ratios.median(elapsed)
     return {
         "turns": repeat,
         "end_to_end_ms": round(e2e, 1),
         "all_ms": [round(x, 1) for x in elapsed],
         "slowest_read_ms": slowest,
         "one_after_another_ms": serial,
-        "vs_slowest": measure.ratio(e2e, slowest),
-        "vs_one_after_another": measure.ratio(e2e, serial),
+        "vs_slowest": ratios.ratio(e2e, slowest),
+        "vs_one_after_another": ratios.ratio(e2e, serial),
     }

@@ -1,4 +1,5 @@
-"""Bare RQ's side of the comparison: module-level job functions an ``rq worker`` imports.
+"""Bare RQ's side of the comparison: module-level job functions an ``rq worker`` imports
+(at start-up: ``callgate.ops.lab.bench.rq_worker``).
 
 ``refund`` sends the same downstream write as callgate's demo refund (idempotency key,
 fence, one transaction at the payments provider) with none of callgate's gate, reservation
@@ -11,6 +12,7 @@ import os
 import time
 from functools import cache
 
+from callgate.ops.lab.bench import durable
 from callgate.ops.lab.demo.downstream import Payments
 from callgate.store import db
 
@@ -22,6 +24,12 @@ def noop() -> None:
 def sleep_ms(ms: int) -> None:
     """Waits on I/O for ``ms`` milliseconds (a slow HTTP API, an MCP server)."""
     time.sleep(ms / 1000)
+
+
+def minimum_durable(call_id: str) -> None:
+    """The minimum durable work of one call (``callgate.ops.lab.bench.durable``), nothing
+    else: reserve, complete with the result and the outbox row."""
+    durable.work(call_id)
 
 
 @cache

@@ -4,7 +4,6 @@ timestamps for bare RQ. Nothing here trusts the bench's own wall clock for throu
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -130,10 +129,6 @@ def rq_per_second(connection: Redis, job_ids: Sequence[str]) -> float:
     return len(done) / max((last - first).total_seconds(), 1e-6)
 
 
-def median(values: Sequence[float]) -> float:
-    return float(statistics.median(values))
-
-
 def percentiles(values: Sequence[float]) -> dict[str, float]:
     """p50/p95/p99 (nearest rank, so every figure is one that was measured)."""
     if not values:
@@ -144,7 +139,3 @@ def percentiles(values: Sequence[float]) -> dict[str, float]:
         return round(ordered[max(0, math.ceil(len(ordered) * p / 100) - 1)], 1)
 
     return {"p50": rank(50), "p95": rank(95), "p99": rank(99)}
-
-
-def ratio(a: float, b: float) -> float:
-    return round(a / b, 2) if b else float("nan")

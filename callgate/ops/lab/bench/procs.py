@@ -1,7 +1,9 @@
-"""The processes a scenario runs: callgate workers and relayer, bare ``rq worker``s.
+"""The processes a scenario runs: callgate workers and relayer, bare ``rq worker``s, the
+``dramatiq`` CLI.
 
 Every process is a child of the bench, started the way a user starts it (the ``callgate``
-CLI, RQ's own CLI), and stopped by the bench: SIGTERM, then SIGKILL after a grace period.
+CLI, RQ's and dramatiq's own CLIs), and stopped by the bench: SIGTERM, then SIGKILL after a
+grace period.
 """
 
 from __future__ import annotations
@@ -51,8 +53,14 @@ def callgate(args: list[str], env: Mapping[str, str]) -> Child:
     return _spawn([sys.executable, "-m", "callgate.ops.cli", *args], env)
 
 
-def rq_worker(queue: str, redis_url: str, env: Mapping[str, str]) -> Child:
-    """Bare RQ as its documentation runs it: SimpleWorker (no fork per job), JSON."""
+def rq_worker(
+    queue: str,
+    redis_url: str,
+    env: Mapping[str, str],
+    worker_class: str = "callgate.ops.lab.bench.rq_worker.PreloadedWorker",
+) -> Child:
+    """Bare RQ as its documentation runs it: SimpleWorker (no fork per job; here with the
+    bench's jobs imported at start-up, ``callgate.ops.lab.bench.rq_worker``), JSON."""
     return _spawn(
         [
             sys.executable,
@@ -61,12 +69,34 @@ def rq_worker(queue: str, redis_url: str, env: Mapping[str, str]) -> Child:
             "worker",
             "--burst",
             "--worker-class",
-            "rq.worker.SimpleWorker",
+            worker_class,
             "--serializer",
             "rq.serializers.JSONSerializer",
             "--url",
             sentinel.primary_url(redis_url),  # rq's CLI reads no redis+sentinel:// URL
             "--quiet",
+            queue,
+        ],
+        env,
+    )
+
+
+def dramatiq(
+    modules: list[str], queue: str, processes: int, threads: int, env: Mapping[str, str]
+) -> Child:
+    """dramatiq's own CLI: ``processes`` worker processes of ``threads`` threads each, on
+    one queue. It has no burst mode: the bench stops it (SIGTERM) once the queue drained."""
+    return _spawn(
+        [
+            sys.executable,
+            "-m",
+            "dramatiq",
+            *modules,
+            "--processes",
+            str(processes),
+            "--threads",
+            str(threads),
+            "--queues",
             queue,
         ],
         env,

@@ -28,18 +28,23 @@ def markdown(result: dict[str, Any], command: str) -> str:
     lines = [
         f"`{command}` — median of {cfg['repeat']}, every ratio against a baseline measured "
         "in the same run, interleaved.",
+    ]
+    if cfg.get("indicative_only"):
+        lines += ["", f"**Indicative only:** {cfg['indicative_why']}"]
+    lines += [
         "",
         "| scenario | W | K | callgate /s | baseline | baseline /s | ratio | callgate W/W1 "
-        "| baseline W/W1 |",
-        "|---|---:|---:|---:|---|---:|---:|---:|---:|",
+        "| baseline W/W1 | threaded ceiling /s | ÷ ceiling |",
+        "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|",
     ]
     for scenario, block in result["throughput"].items():
         for row in block["rows"]:
+            ceiling, vs = _ceiling(row)
             lines.append(
                 f"| {TITLES[scenario]} | {row['workers']} | {row['concurrency']} "
                 f"| {row['callgate_per_s']:g} | {block['baseline']} | {row['baseline_per_s']:g} "
                 f"| {row['ratio']:.2f}× | {row['callgate_scaling']:.2f}× "
-                f"| {row['baseline_scaling']:.2f}× |"
+                f"| {row['baseline_scaling']:.2f}× | {ceiling} | {vs} |"
             )
     red = result["redelivery"]
     lines.append(
@@ -63,6 +68,7 @@ def markdown(result: dict[str, Any], command: str) -> str:
         f"Every call ended: {'yes' if result['checks']['every_call_ended'] else 'NO'} "
         f"({result['checks']['ended']} of {result['checks']['calls']}).",
     ]
+    lines += _baselines(result)
     if lat := result.get("latency"):
         lines += [
             "",
@@ -111,6 +117,51 @@ def markdown(result: dict[str, Any], command: str) -> str:
     return "\n".join(lines)
 
 
+def _ceiling(row: dict[str, Any]) -> tuple[str, str]:
+    """The threaded ceiling's figure and callgate's ratio to it, or blanks (writes)."""
+    if row.get("threaded_ceiling_per_s") is None:
+        return "", ""
+    return f"{row['threaded_ceiling_per_s']:g}", f"{row['ratio_to_threaded_ceiling']:.2f}×"
+
+
+def _baselines(result: dict[str, Any]) -> list[str]:
+    """Every system of the scenarios that have a threaded ceiling, one row each."""
+    lines: list[str] = []
+    for scenario, block in result["throughput"].items():
+        rows = block["rows"]
+        if not rows or rows[0].get("threaded_ceiling") is None:
+            continue
+        bound = "in_flight_bound_per_s" in rows[0]
+        lines += [
+            "",
+            f"{TITLES[scenario]}, every system (W processes × threads each; ceiling "
+            f"= {rows[0]['baselines'][rows[0]['threaded_ceiling']]['label']}):",
+            "",
+            "| system | W | threads | /s | callgate ÷ this |"
+            + (" of the bound |" if bound else ""),
+            "|---|---:|---:|---:|---:|" + ("---:|" if bound else ""),
+        ]
+        for row in rows:
+            for name, b in row["baselines"].items():
+                mark = " (threaded ceiling)" if name == row["threaded_ceiling"] else ""
+                lines.append(
+                    f"| {b['label']}{mark} | {b['workers']} | {b['threads']} | {b['per_s']:g} "
+                    f"| {b['callgate_ratio']:.2f}× |" + (f" {b['of_bound']:.2f} |" if bound else "")
+                )
+            lines.append(
+                f"| **callgate** | {row['workers']} | {row['concurrency']} "
+                f"| {row['callgate_per_s']:g} | 1.00× |"
+                + (f" {row['callgate_of_bound']:.2f} |" if bound else "")
+            )
+        if bound:
+            lines.append(
+                "\nThe bound: W × threads / the tool's delay, every slot always waiting on a "
+                f"tool (callgate, W = {rows[-1]['workers']}: "
+                f"{rows[-1]['in_flight_bound_per_s']:g}/s)."
+            )
+    return lines
+
+
 def _traffic(c: dict[str, float]) -> str:
     return (
         f"PG {c['pg_statements']:g} / {c['pg_commits']:g}, "
@@ -129,15 +180,21 @@ def plot(out: Path, result: dict[str, Any]) -> list[Path]:
     for ax, (scenario, block) in zip(axes, blocks.items(), strict=True):
         rows = block["rows"]
         xs = list(range(len(rows)))
-        ax.bar([x - 0.2 for x in xs], [r["callgate_per_s"] for r in rows], 0.4, label="callgate")
-        ax.bar([x + 0.2 for x in xs], [r["baseline_per_s"] for r in rows], 0.4, label="bare RQ")
+        ax.bar([x - 0.27 for x in xs], [r["callgate_per_s"] for r in rows], 0.27, label="callgate")
+        ax.bar([x for x in xs], [r["baseline_per_s"] for r in rows], 0.27, label="bare RQ")
+        ax.bar(
+            [x + 0.27 for x in xs],
+            [r.get("threaded_ceiling_per_s") or 0 for r in rows],
+            0.27,
+            label="threaded ceiling",
+        )
         ax.set_xticks(xs, [f"W={r['workers']}" for r in rows])
         ax.set_title(TITLES[scenario], fontsize=10)
         ax.set_ylabel("calls/s")
         for x, r in zip(xs, rows, strict=True):
             ax.annotate(
                 f"{r['ratio']:.2f}×",
-                (x, max(r["callgate_per_s"], r["baseline_per_s"])),
+                (x, max(r["callgate_per_s"], r["baseline_per_s"])),  # ÷ bare RQ
                 ha="center",
                 va="bottom",
                 fontsize=8,

@@ -1,5 +1,5 @@
-"""Plans a bench as a list of steps (baseline and callgate interleaved, the order flipped on
-every repeat), runs them under a progress bar and reduces them to medians and ratios."""
+"""Plans a bench as a list of steps (the baselines and callgate interleaved, the order flipped
+on every repeat), runs them under a progress bar and reduces them to medians and ratios."""
 
 from __future__ import annotations
 
@@ -20,10 +20,11 @@ from callgate.ops.lab.bench import (
     bare,
     fanin,
     latency,
-    measure,
     memory,
     pipeline,
+    ratios,
     redelivery,
+    threaded,
     workload,
 )
 from callgate.ops.lab.bench.config import IO_DELAY_MS, Config
@@ -40,6 +41,15 @@ BASELINE = {
     "write": "bare RQ, same downstream refund",
     "io": "bare RQ, 100 ms sleep job",
 }
+# The systems each scenario runs beside callgate (ratios.SYSTEMS says what each is), and the
+# one that is its threaded ceiling: the same processes and threads, doing the least work an
+# executor with callgate's promises must do.
+BASELINES = {
+    "noop": ("bare_rq", "rq_durable", "dramatiq", "dramatiq_durable"),
+    "write": ("bare_rq",),
+    "io": ("bare_rq", "dramatiq"),
+}
+CEILING = {"noop": "dramatiq_durable", "write": None, "io": "dramatiq"}
 
 
 @dataclass(frozen=True)
@@ -72,8 +82,9 @@ class Bench:
             order = cfg.workers if r % 2 == 0 else tuple(reversed(cfg.workers))
             for w in order:
                 for scenario in SCENARIOS:
-                    pair = [self._callgate(scenario, w), self._bare(scenario, w)]
-                    steps += pair if r % 2 == 0 else pair[::-1]
+                    group = [self._callgate(scenario, w)]
+                    group += [self._baseline(scenario, b, w) for b in BASELINES[scenario]]
+                    steps += group if r % 2 == 0 else group[::-1]
             pair = [self._redelivered(1), self._redelivered(3)]
             steps += pair if r % 2 == 0 else pair[::-1]
         steps += [
@@ -116,20 +127,39 @@ class Bench:
 
         return Step(f"callgate {scenario}, W={w}", run)
 
-    def _bare(self, scenario: str, w: int) -> Step:
+    def _baseline(self, scenario: str, system: str, w: int) -> Step:
         cfg = self.config
+        k = self._k(scenario)
 
         def run() -> None:
             s = self.services
-            if scenario == "noop":
-                jobs = bare.noops(cfg.calls)
-            elif scenario == "write":
-                jobs = bare.refunds(s, cfg.calls)
+            calls = cfg.io_calls if scenario == "io" else cfg.calls
+            rate: float
+            if system == "bare_rq":
+                if scenario == "noop":
+                    jobs = bare.noops(calls)
+                elif scenario == "write":
+                    jobs = bare.refunds(s, calls)
+                else:
+                    jobs = bare.sleeps(calls, IO_DELAY_MS)
+                rate = bare.burst(s, jobs, workers=w)
+            elif system == "rq_durable":
+                rate = bare.durable_burst(s, calls, workers=w).per_second()
+            elif system == "dramatiq" and scenario == "io":
+                found = threaded.sleeps(s, calls, IO_DELAY_MS, processes=w, threads=k)
+                rate = found.per_second()
+            elif system == "dramatiq":
+                rate = threaded.noops(s, calls, processes=w, threads=k).per_second()
             else:
-                jobs = bare.sleeps(cfg.io_calls, IO_DELAY_MS)
-            self.rates[scenario][w]["bare_rq"].append(bare.burst(s, jobs, workers=w))
+                rate = threaded.durable_burst(s, calls, processes=w, threads=k).per_second()
+            self.rates[scenario][w][system].append(rate)
 
-        return Step(f"bare RQ {scenario}, W={w}", run)
+        return Step(f"{ratios.SYSTEMS[system].short} {scenario}, W={w}", run)
+
+    def _k(self, scenario: str) -> int:
+        """Calls in flight per worker process: the default for no-op reads and writes (as
+        users get it), --concurrency for the 100 ms tools."""
+        return self.config.concurrency if scenario == "io" else DEFAULT_CONCURRENCY
 
     def _redelivered(self, deliveries: int) -> Step:
         def run() -> None:
@@ -195,33 +225,19 @@ class Bench:
         cfg = self.config
         throughput: dict[str, Any] = {}
         for scenario in SCENARIOS:
-            rows: list[dict[str, Any]] = []
-            for w in cfg.workers:
-                sides = self.rates[scenario][w]
-                cg, rq = measure.median(sides["callgate"]), measure.median(sides["bare_rq"])
-                rows.append(
-                    {
-                        "workers": w,
-                        "concurrency": (
-                            cfg.concurrency if scenario == "io" else DEFAULT_CONCURRENCY
-                        ),
-                        "callgate_per_s": round(cg, 1),
-                        "baseline_per_s": round(rq, 1),
-                        "ratio": measure.ratio(cg, rq),
-                        "callgate_runs": [round(x, 1) for x in sides["callgate"]],
-                        "baseline_runs": [round(x, 1) for x in sides["bare_rq"]],
-                    }
+            rows = [
+                ratios.row(
+                    w,
+                    self._k(scenario),
+                    self.rates[scenario][w],
+                    ceiling=CEILING[scenario],
+                    delay_ms=IO_DELAY_MS if scenario == "io" else None,
                 )
-            first = rows[0]
-            for row in rows:
-                row["callgate_scaling"] = measure.ratio(
-                    row["callgate_per_s"], first["callgate_per_s"]
-                )
-                row["baseline_scaling"] = measure.ratio(
-                    row["baseline_per_s"], first["baseline_per_s"]
-                )
+                for w in cfg.workers
+            ]
+            ratios.scaling(rows)
             throughput[scenario] = {"baseline": BASELINE[scenario], "rows": rows}
-        once, thrice = (measure.median(self.redelivery[k]) for k in ("x1", "x3"))
+        once, thrice = (ratios.median(self.redelivery[k]) for k in ("x1", "x3"))
         return {
             "config": cfg.as_json(),
             "throughput": throughput,
@@ -230,7 +246,7 @@ class Bench:
                 "calls": cfg.redelivery_calls,
                 "once_per_s": round(once, 1),
                 "thrice_per_s": round(thrice, 1),
-                "ratio": measure.ratio(thrice, once),
+                "ratio": ratios.ratio(thrice, once),
                 "duplicate_deliveries_traced": self.duplicates,
                 "side_effects": self.effects,
                 "exactly_one_side_effect_each": all(

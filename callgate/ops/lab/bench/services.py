@@ -10,6 +10,7 @@ import redis
 from sqlalchemy import Engine, text
 
 from callgate.core.settings import Settings
+from callgate.ops.lab.bench import durable
 from callgate.ops.lab.demo import downstream
 from callgate.ops.lab.demo.tools import DEMO_TOOLS
 from callgate.queue import transport
@@ -28,10 +29,12 @@ class Services:
 
     @classmethod
     def prepare(cls, settings: Settings) -> Services:
-        """Migrate callgate's schema and install the demo downstream (both idempotent)."""
+        """Migrate callgate's schema, install the demo downstream and the minimum durable
+        work's tables (all idempotent)."""
         services = cls(settings.require_database(), settings.require_redis())
         migrate.upgrade(services.engine)
         downstream.install(services.engine)
+        durable.install(services.engine)
         with transport.translate_errors("bench"):
             services.redis.ping()
         return services

@@ -1,0 +1,229 @@
+"""The minimum durable work per call: the floor any executor with callgate's promises pays.
+
+callgate promises one winner per call (two deliveries of one job never both run it), a fenced
+completion (a worker that lost its reservation cannot overwrite the winner's result) and a
+result that reaches the producer (an outbox row committed with the result, published after).
+Whatever the executor, that takes at least:
+
+1. a guarded reservation, committed before the tool runs (``RESERVE_SQL``): one UPDATE that
+   only a queued call matches, so exactly one delivery gets a row back, and a generation that
+   fences every later write of that reservation;
+2. after the tool, ONE transaction (``COMPLETE_SQL``, ``RESULT_SQL``, ``OUTBOX_SQL``): the
+   fenced state flip, the result row and the outbox row, so the result and its publication
+   are committed together or not at all.
+
+Two commits per call, on tables with primary keys only (every further index is a choice an
+executor makes, not part of the floor). No gate, no trace, no leases, no retries: the
+baselines ``RQ + minimum durable work`` and ``dramatiq + minimum durable work`` run exactly
+this, and the first reservation → last completion of their rows (Postgres'
+``clock_timestamp()``) is their window, the same window callgate's throughput is read from.
+
+The tables live in the bench's own schema ``bench_min`` on the bench's database, created by
+the bench; each run's rows carry its run id, are inserted before the workers start and
+deleted after the run. The worker side (``work``) speaks psycopg directly, one connection
+per thread, made when the thread starts (``warm``), so the window never holds a connect.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+import psycopg
+from sqlalchemy import Engine, text
+
+from callgate.ops.lab.bench.procs import BenchError
+from callgate.store import db
+
+SCHEMA = "bench_min"
+
+INSTALL_SQL = f"""
+CREATE SCHEMA IF NOT EXISTS {SCHEMA};
+CREATE TABLE IF NOT EXISTS {SCHEMA}.calls (
+    id           uuid PRIMARY KEY,
+    run          text NOT NULL,
+    state        text NOT NULL DEFAULT 'queued',
+    owner        text,
+    generation   integer NOT NULL DEFAULT 0,
+    reserved_at  timestamptz,
+    completed_at timestamptz
+);
+CREATE TABLE IF NOT EXISTS {SCHEMA}.results (
+    call_id    uuid PRIMARY KEY,
+    generation integer NOT NULL,
+    body       jsonb NOT NULL
+);
+CREATE TABLE IF NOT EXISTS {SCHEMA}.outbox (
+    id           bigserial PRIMARY KEY,
+    call_id      uuid NOT NULL,
+    generation   integer NOT NULL,
+    body         jsonb NOT NULL,
+    published_at timestamptz
+);
+"""
+
+# 1. The reservation: one winner (only a queued call matches), committed on its own.
+RESERVE_SQL = f"""
+UPDATE {SCHEMA}.calls
+   SET state = 'running', owner = %(owner)s, generation = generation + 1,
+       reserved_at = clock_timestamp()
+ WHERE id = %(id)s AND state = 'queued'
+RETURNING generation
+"""
+
+# 2. The completion, one transaction: the fenced flip (zero rows: the reservation was lost,
+# roll back), the result and the outbox row.
+COMPLETE_SQL = f"""
+UPDATE {SCHEMA}.calls
+   SET state = 'succeeded', completed_at = clock_timestamp()
+ WHERE id = %(id)s AND generation = %(generation)s
+"""
+RESULT_SQL = f"""
+INSERT INTO {SCHEMA}.results (call_id, generation, body)
+VALUES (%(id)s, %(generation)s, CAST(%(body)s AS jsonb))
+"""
+OUTBOX_SQL = f"""
+INSERT INTO {SCHEMA}.outbox (call_id, generation, body)
+VALUES (%(id)s, %(generation)s, CAST(%(body)s AS jsonb))
+"""
+
+RESULT_BODY = '{"ok": true}'
+
+# --- the worker's side --------------------------------------------------------------------
+
+_local = threading.local()
+
+
+def warm() -> None:
+    """Connect this thread before its first call (start-up stays outside the window)."""
+    _connection()
+
+
+def close() -> None:
+    """Close this thread's connection, if it made one."""
+    conn: psycopg.Connection[tuple[object, ...]] | None = getattr(_local, "conn", None)
+    if conn is not None:
+        conn.close()
+        _local.conn = None
+
+
+def _connection() -> psycopg.Connection[tuple[object, ...]]:
+    conn: psycopg.Connection[tuple[object, ...]] | None = getattr(_local, "conn", None)
+    if conn is None or conn.closed:
+        url = db.libpq_url(os.environ["CALLGATE_DATABASE_URL"])
+        conn = psycopg.connect(url, application_name="bench-min", connect_timeout=5)
+        _local.conn = conn
+        _local.owner = f"{socket.gethostname()}:{os.getpid()}:{threading.get_ident()}"
+    return conn
+
+
+def work(call_id: str) -> bool:
+    """Reserve, run nothing, complete. False when another delivery won or the fence held."""
+    conn = _connection()
+    found = conn.execute(RESERVE_SQL, {"id": call_id, "owner": _local.owner}).fetchone()
+    conn.commit()
+    if found is None:
+        return False  # another delivery won the reservation
+    params = {"id": call_id, "generation": found[0], "body": RESULT_BODY}
+    if conn.execute(COMPLETE_SQL, params).rowcount != 1:
+        conn.rollback()  # fenced out: a newer reservation owns the call
+        return False
+    conn.execute(RESULT_SQL, params)
+    conn.execute(OUTBOX_SQL, params)
+    conn.commit()
+    return True
+
+
+# --- the bench's side ---------------------------------------------------------------------
+
+
+def install(engine: Engine) -> None:
+    with engine.begin() as conn:
+        conn.exec_driver_sql(INSTALL_SQL)
+
+
+def seed(engine: Engine, calls: int) -> tuple[str, list[str]]:
+    """Insert ``calls`` queued calls of a new run; returns the run id and the call ids.
+    Vacuums the schema's tables after (outside the window), as the bench does callgate's."""
+    run = uuid.uuid4().hex[:12]
+    with engine.begin() as conn:
+        ids = conn.execute(
+            text(
+                f"INSERT INTO {SCHEMA}.calls (id, run)"
+                " SELECT gen_random_uuid(), :run FROM generate_series(1, :n) RETURNING id"
+            ),
+            {"run": run, "n": calls},
+        ).scalars()
+        call_ids = [str(i) for i in ids]
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text(f"VACUUM (ANALYZE) {SCHEMA}.calls, {SCHEMA}.results, {SCHEMA}.outbox"))
+    return run, call_ids
+
+
+# Over one run: its calls, the ones that ended, the ones reserved once, the result and outbox
+# rows (and the calls they cover), the first reservation and the last completion.
+RUN_SQL = f"""
+SELECT count(*) AS calls,
+       count(*) FILTER (WHERE c.state = 'succeeded') AS succeeded,
+       count(*) FILTER (WHERE c.generation = 1) AS reserved_once,
+       (SELECT count(*) FROM {SCHEMA}.results AS r
+          JOIN {SCHEMA}.calls AS c2 ON c2.id = r.call_id WHERE c2.run = :run) AS results,
+       (SELECT count(*) FROM {SCHEMA}.outbox AS o
+          JOIN {SCHEMA}.calls AS c2 ON c2.id = o.call_id WHERE c2.run = :run) AS outbox,
+       (SELECT count(DISTINCT o.call_id) FROM {SCHEMA}.outbox AS o
+          JOIN {SCHEMA}.calls AS c2 ON c2.id = o.call_id WHERE c2.run = :run) AS outbox_calls,
+       min(c.reserved_at) AS first_reserved,
+       max(c.completed_at) AS last_completed
+  FROM {SCHEMA}.calls AS c
+ WHERE c.run = :run
+"""
+
+
+@dataclass(frozen=True)
+class Run:
+    calls: int
+    succeeded: int
+    reserved_once: int
+    results: int
+    outbox: int
+    outbox_calls: int
+    first_reserved: datetime | None
+    last_completed: datetime | None
+
+    def per_second(self) -> float:
+        if self.first_reserved is None or self.last_completed is None:
+            raise BenchError("minimum durable work: no call was reserved and completed")
+        seconds = (self.last_completed - self.first_reserved).total_seconds()
+        return self.calls / max(seconds, 1e-6)
+
+    def check(self, what: str) -> None:
+        """Every call ended once: one reservation, one result row, one outbox row each."""
+        n = self.calls
+        if not (
+            n > 0
+            and self.succeeded == self.reserved_once == self.results == n
+            and self.outbox == self.outbox_calls == n
+        ):
+            raise BenchError(
+                f"{what}: of {n} calls {self.succeeded} succeeded, {self.reserved_once} were "
+                f"reserved once; {self.results} result rows, {self.outbox} outbox rows for "
+                f"{self.outbox_calls} calls"
+            )
+
+
+def read(engine: Engine, run: str) -> Run:
+    with engine.connect() as conn:
+        row = conn.execute(text(RUN_SQL), {"run": run}).mappings().one()
+    return Run(**dict(row))
+
+
+def delete(engine: Engine, run: str) -> None:
+    with engine.begin() as conn:
+        ids = f"SELECT id FROM {SCHEMA}.calls WHERE run = :run"
+        conn.execute(text(f"DELETE FROM {SCHEMA}.outbox WHERE call_id IN ({ids})"), {"run": run})
+        conn.execute(text(f"DELETE FROM {SCHEMA}.results WHERE call_id IN ({ids})"), {"run": run})
+        conn.execute(text(f"DELETE FROM {SCHEMA}.calls WHERE run = :run"), {"run": run})
