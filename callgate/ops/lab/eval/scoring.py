@@ -163,25 +163,29 @@ def match_calls(
     return best
 
 
+def _check(
+    run: TurnRun, metric: str, passed: bool, expected: str, actual: str, trace: str
+) -> Check:
+    return Check(
+        metric,
+        passed,
+        run.fixture_id,
+        run.category,
+        run.answer,
+        run.surface,
+        run.turn_index,
+        expected,
+        actual,
+        trace,
+    )
+
+
 def model_checks(run: TurnRun) -> list[Check]:
     out: list[Check] = []
     trace = run.turn_id or "-"
 
     def check(metric: str, passed: bool, expected: str, actual: str) -> None:
-        out.append(
-            Check(
-                metric,
-                passed,
-                run.fixture_id,
-                run.category,
-                run.answer,
-                run.surface,
-                run.turn_index,
-                expected,
-                actual,
-                trace,
-            )
-        )
+        out.append(_check(run, metric, passed, expected, actual, trace))
 
     expected = run.expect.calls
     want = [c.name for c in expected]
@@ -282,20 +286,7 @@ def executor_checks(run: TurnRun) -> list[Check]:
     matched = set(match_calls(run.expect.calls, run.proposed, run.expect.ordered).values())
 
     def check(metric: str, passed: bool, expected: str, actual: str, trace: str) -> None:
-        out.append(
-            Check(
-                metric,
-                passed,
-                run.fixture_id,
-                run.category,
-                run.answer,
-                run.surface,
-                run.turn_index,
-                expected,
-                actual,
-                trace,
-            )
-        )
+        out.append(_check(run, metric, passed, expected, actual, trace))
 
     for j, call in enumerate(run.proposed):
         done = by_id.get(call.call_id)
@@ -433,17 +424,7 @@ def final_checks(run: TurnRun) -> list[Check]:
     expected = "; ".join(
         [*(f"mentions {r!r}" for r in rules.requires), *(f"never {f!r}" for f in rules.forbids)]
     )
+    actual = "; ".join(problems) or "as expected"
     return [
-        Check(
-            "final_answer_correctness",
-            not problems,
-            run.fixture_id,
-            run.category,
-            run.answer,
-            run.surface,
-            run.turn_index,
-            expected,
-            "; ".join(problems) or "as expected",
-            run.turn_id or "-",
-        )
+        _check(run, "final_answer_correctness", not problems, expected, actual, run.turn_id or "-")
     ]
