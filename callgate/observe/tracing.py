@@ -174,6 +174,46 @@ def collected(span: Span, *, complete: bool, results: int, pending: int) -> None
         )
 
 
+def serving(method: str, headers: Iterable[tuple[bytes, bytes]]) -> AbstractContextManager[Span]:
+    """An HTTP API request as a SERVER span: a child of the client's ``traceparent`` when it
+    sent one, so a turn submitted over HTTP joins the client's trace like a library submit."""
+    if not active():
+        return nullcontext(trace.INVALID_SPAN)
+    carrier = {
+        k.decode("latin-1").lower(): v.decode("latin-1")
+        for k, v in headers
+        if k.lower() in (b"traceparent", b"tracestate")
+    }
+    return _serving(method, W3C.extract(carrier) if carrier else Context())
+
+
+@contextmanager
+def _serving(method: str, parent: Context) -> Iterator[Span]:
+    with _tracer().start_as_current_span(
+        method,
+        context=parent,
+        kind=SpanKind.SERVER,
+        attributes={"http.request.method": method},
+        record_exception=False,
+        set_status_on_exception=False,
+    ) as span:
+        yield span
+
+
+def served(span: Span, method: str, route: str | None, status: int) -> None:
+    """Name the server span by its route template (never the path: ids stay out of names)
+    and record the status; a 5xx is an error (HTTP semantic conventions)."""
+    if not span.is_recording():
+        return
+    if route:
+        span.update_name(f"{method} {route}")
+        span.set_attribute("http.route", route)
+    span.set_attribute("http.response.status_code", status)
+    if status >= 500:
+        span.set_attribute("error.type", str(status))
+        span.set_status(Status(StatusCode.ERROR))
+
+
 def relayed(
     *,
     turn_id: object,

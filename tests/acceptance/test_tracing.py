@@ -33,6 +33,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 
 from callgate.observe import tracing
 from callgate.ops.stack import Stack, wait_for_workers
+from tests.acceptance.api_server import make_key, start_api
 from tests.acceptance.conftest import SUPPORT_A, wait_until
 
 CITIES = ("Seoul", "Lisbon", "Nairobi")
@@ -300,3 +301,59 @@ def test_a_worker_killed_mid_call_leaves_its_takeover_in_the_same_trace(
     assert first["parent"] not in {x["span_id"] for x in spans}
     assert taken["links"] == [(trace_id, first["parent"])]
     assert "Oslo" not in json.dumps(receiver.received())
+
+
+def test_a_turn_submitted_over_http_joins_the_clients_trace(
+    service_env, receiver, app_tracer, tmp_path: Path
+):
+    """``callgate api`` continues the client's ``traceparent``: a SERVER span named by its
+    route, then ``callgate.submit`` and the workers' ``execute_tool`` under it; a health
+    probe makes no span."""
+    otel = {
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
+    env = {**service_env, **otel}
+    key = make_key(env, "tenant-a", "user-17", "support")["key"]
+    server = start_api(env)
+    try:
+        with Stack(env=env, workers=1, log_path=str(tmp_path / "stack.log")):
+            wait_for_workers(service_env["CALLGATE_REDIS_URL"], service_env["CALLGATE_QUEUE"], 1)
+            with app_tracer.start_as_current_span("client request") as client:
+                carrier: dict[str, str] = {}
+                tracing.W3C.inject(carrier)
+                with server.client(key) as http:
+                    assert http.get("/healthz").status_code == 200
+                    body = [{"call_id": "c1", "tool_name": "get_weather", "arguments": CALL_K}]
+                    resp = http.post("/v1/turns", json=body, headers=carrier)
+                    assert resp.status_code == 200, resp.text
+                    turn_id = resp.json()["turn_id"]
+                    done = http.get(f"/v1/turns/{turn_id}/results", params={"wait": 20})
+                    assert done.status_code == 200, done.text
+            trace_id = trace.format_trace_id(client.get_span_context().trace_id)
+            client_id = trace.format_span_id(client.get_span_context().span_id)
+
+            def joined() -> list[dict[str, Any]] | None:
+                spans = [s for s in receiver.received() if s["trace_id"] == trace_id]
+                names = {s["name"] for s in spans}
+                wanted = {"execute_tool get_weather", "callgate.submit", "POST /v1/turns"}
+                return spans if wanted <= names else None
+
+            spans = wait_until(joined, timeout=15, what="the worker's span in the client's trace")
+    finally:
+        server.stop()
+    servers = [s for s in spans if s["service"] == "callgate-api"]
+    (post,) = [s for s in servers if s["name"] == "POST /v1/turns"]
+    assert post["parent"] == client_id
+    assert post["attributes"]["http.route"] == "/v1/turns"
+    assert post["attributes"]["http.response.status_code"] == 200
+    # One server span, ours: FastAPI's own telemetry (which records the query string) is off.
+    assert not [s for s in servers if s["name"].startswith("fastapi.")]
+    assert all("url.query" not in s["attributes"] for s in servers)
+    (submit,) = [s for s in spans if s["name"] == "callgate.submit"]
+    assert submit["parent"] == post["span_id"]
+    (tool,) = [s for s in spans if s["name"] == "execute_tool get_weather"]
+    assert tool["parent"] == submit["span_id"]
+    # Named by the route template, never the path: the turn id is not in any span name.
+    assert all(turn_id not in s["name"] for s in receiver.received())
+    assert not [s for s in receiver.received() if s["name"].endswith("/healthz")]

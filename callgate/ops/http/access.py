@@ -7,18 +7,23 @@ the key that was checked (``ak…``, never the key, the Authorization header, a 
 query or the body). A path is escaped (``values.printable``), so it cannot forge a line.
 
 Health probes (``/healthz``, ``/readyz``) are logged at DEBUG: a load balancer asks every few
-seconds, and a line each would bury the requests.
+seconds, and a line each would bury the requests. With a tracer provider, every other request
+is a SERVER span (``callgate.observe.tracing.serving``), a child of the client's
+``traceparent``; the line is written inside it, so it carries the trace's ids.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+from contextlib import nullcontext
 from typing import Final
 
+from opentelemetry import trace
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from callgate.core import values
+from callgate.observe import tracing
 
 log = logging.getLogger("callgate.api")
 
@@ -58,20 +63,32 @@ class AccessLog:
                 status = int(message["status"])
             await send(message)
 
-        try:
-            await self.app(scope, receive, noting_send)
-        finally:
-            key_id = state.get(KEY_ID_STATE)
-            path: str = scope["path"]
-            level = logging.DEBUG if path in PROBES else logging.INFO
-            if log.isEnabledFor(level):
-                duration_ms = round((time.monotonic() - started) * 1000, 1)
+        path: str = scope["path"]
+        traced = (
+            tracing.serving(scope["method"], scope.get("headers", ()))
+            if path not in PROBES
+            else nullcontext(trace.INVALID_SPAN)
+        )
+        with traced as span:
+            try:
+                await self.app(scope, receive, noting_send)
+            finally:
+                key_id = state.get(KEY_ID_STATE)
                 # No answer started: the app raised past every handler, or the client left.
                 code = status or 500
-                log.log(
-                    level,
-                    access_line(
-                        scope["method"], path, code, duration_ms, str(key_id) if key_id else None
-                    ),
-                    extra={"event": "request", "status": code, "duration_ms": duration_ms},
-                )
+                route = getattr(scope.get("route"), "path", None)
+                tracing.served(span, scope["method"], route, code)
+                level = logging.DEBUG if path in PROBES else logging.INFO
+                if log.isEnabledFor(level):
+                    duration_ms = round((time.monotonic() - started) * 1000, 1)
+                    log.log(
+                        level,
+                        access_line(
+                            scope["method"],
+                            path,
+                            code,
+                            duration_ms,
+                            str(key_id) if key_id else None,
+                        ),
+                        extra={"event": "request", "status": code, "duration_ms": duration_ms},
+                    )

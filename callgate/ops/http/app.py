@@ -210,6 +210,11 @@ def create_app(settings: Settings, api: ApiSettings) -> FastAPI:
         lifespan=lifespan,
         docs_url="/docs" if api.docs else None,
         redoc_url=None,
+        # FastAPI's own telemetry would add a second server span recording the query string
+        # (a tool query's text), and logs of validation failures quoting the values sent:
+        # the access layer's span (callgate.observe.tracing.serving) is the one, and it
+        # records ids, the route template and the status only.
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     problems.install(app)
     app.include_router(routes.router)
