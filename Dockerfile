@@ -16,8 +16,9 @@ COPY producer ./producer
 COPY worker ./worker
 COPY store ./store
 COPY ops ./ops
-# The api extra: `callgate api` (the HTTP API and the approval console) runs from this image too.
-RUN pip install '.[api]' \
+# The api extra: `callgate api` (the HTTP API and the approval console) runs from this image too;
+# the otel extra: every process exports traces when OTEL_EXPORTER_OTLP_ENDPOINT is set.
+RUN pip install '.[api,otel]' \
     && useradd --system --no-create-home callgate
 
 USER callgate

@@ -280,6 +280,15 @@ def test_every_compose_command_is_a_real_callgate_command() -> None:
         assert "Usage: " in result.output
 
 
+def test_every_callgate_service_sends_its_traces_to_the_stacks_jaeger() -> None:
+    services = compose()["services"]
+    assert "jaeger" in services and "127.0.0.1:16686:16686" in services["jaeger"]["ports"]
+    for name in CALLGATE_SERVICES:
+        endpoint = services[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+        assert endpoint.endswith("http://jaeger:4318}"), name  # overridable, Jaeger by default
+    assert "'.[api,otel]'" in (REPO / "Dockerfile").read_text()
+
+
 def test_prometheus_and_grafana_mount_the_repository_s_files() -> None:
     services = compose()["services"]
     assert "./ops/prometheus:/etc/prometheus:ro" in services["prometheus"]["volumes"]
