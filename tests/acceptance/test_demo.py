@@ -59,3 +59,47 @@ def test_without_the_demo_extra_the_embedded_commands_say_how_to_install_it(tmp_
         assert "pip install 'callgate[demo]'" in lines[0]
         # Nothing was started: no embedded data directory was made.
         assert not (data / "postgres").exists()
+
+
+# What a user's install line (`pip install -e '.[demo]'`) does not bring: the other extras'
+# packages (bench, retrieval, api, mcp, otel) told absent the same way.
+ONLY_THE_DEMO_EXTRA = (
+    "import sys\n"
+    "for name in ('dramatiq', 'matplotlib', 'bm25s', 'fastapi', 'uvicorn', 'mcp',\n"
+    "             'opentelemetry.sdk', 'opentelemetry.exporter'):\n"
+    "    sys.modules[name] = None\n"
+    "from callgate.ops.cli.main import main\n"
+    "main(sys.argv[1:])\n"
+)
+
+
+def test_with_only_the_demo_extra_every_command_loads_and_bench_says_what_it_needs() -> None:
+    """The README's first command installs the demo extra only: `callgate demo` must not
+    import what another extra brings (it once stopped on the bench's dramatiq)."""
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-c", ONLY_THE_DEMO_EXTRA, *args],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    listed = run("--help")
+    assert listed.returncode == 0, listed.stderr
+    commands = [
+        line.split()[0]
+        for line in listed.stdout.split("Commands:", 1)[1].splitlines()
+        if line.startswith("  ") and not line.startswith("   ")
+    ]
+    assert {"demo", "bench", "eval", "chaos", "worker", "api"} <= set(commands)
+    for command in commands:
+        shown = run(command, "--help")
+        assert shown.returncode == 0, (command, shown.stderr)
+        assert "Traceback" not in shown.stderr, command
+    bench = run("bench", "--quick")
+    assert bench.returncode == 2
+    assert bench.stderr.strip().splitlines() == [
+        "callgate: invalid_configuration: callgate bench draws its plots with matplotlib: "
+        "pip install 'callgate[bench]'"
+    ]

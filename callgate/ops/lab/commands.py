@@ -16,7 +16,6 @@ from callgate.ops.cli.common import apply_migrations, embedded_services, load_se
 from callgate.ops.flags import setting_option
 from callgate.ops.lab.bench.config import FULL, QUICK, Config
 from callgate.ops.lab.bench.procs import BenchError
-from callgate.ops.lab.bench.suite import run as run_bench
 from callgate.ops.lab.demo import run as demo
 from callgate.ops.lab.settings import BenchSettings  # noqa: F401  # declares the bench's variables
 
@@ -108,6 +107,10 @@ def bench_cmd(
     )
     command = " ".join(["callgate", *sys.argv[1:]])
     try:
+        # Imported once its extra is known to be there: the bench's modules import dramatiq,
+        # and `callgate demo` (same module, the user's first command) must not need it.
+        from callgate.ops.lab.bench.suite import run as run_bench
+
         _, paths = run_bench(load_settings(), config, out, command)
     except BenchError as exc:
         click.echo(f"callgate bench: FAILED: {exc}", err=True)
