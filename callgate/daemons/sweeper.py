@@ -68,8 +68,9 @@ from callgate.store import db, reservations
 
 log = logging.getLogger("callgate.sweeper")
 
-# Two index-backed halves: open calls by their last dispatch (calls_open), and parked calls
-# (calls_awaiting). Terminal history is never scanned. ``last`` is when the call was last
+# Two index-backed halves: open calls (calls_open: ``is_open`` is state IN ('proposed',
+# 'started')), and parked calls (calls_awaiting: ``is_awaiting`` is state =
+# 'awaiting_approval'). Terminal history is never scanned. ``last`` is when the call was last
 # dispatched or last found waiting in Redis (queued_seen_at), whichever is later.
 DUE_SQL = """
 WITH candidates AS (
@@ -78,7 +79,7 @@ WITH candidates AS (
       JOIN callgate.operations AS op USING (operation_id)
       LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
       CROSS JOIN LATERAL (SELECT greatest(c.dispatched_at, c.queued_seen_at) AS at) AS last
-     WHERE c.state IN ('proposed', 'started')
+     WHERE c.is_open
        AND (
              -- its owner's lease expired and nothing was dispatched (or seen queued) since
              (op.state = 'in_progress' AND op.lease_expires_at < now()
@@ -103,7 +104,7 @@ WITH candidates AS (
     SELECT c.id
       FROM callgate.calls AS c
       JOIN callgate.approvals AS a ON a.approval_id = c.approval_id
-     WHERE c.state = 'awaiting_approval' AND a.state <> 'pending'
+     WHERE c.is_awaiting AND a.state <> 'pending'
 )
 SELECT c.id, c.state, c.kind, c.dispatches, c.operation_id,
        op.state AS op_state, op.generation

@@ -47,10 +47,10 @@ STATEMENT_TIMEOUT_MS: Final = 2000
 CALLS_SQL = """
 WITH open_calls AS (
     SELECT state, created_at, turn_id, kind, position
-      FROM callgate.calls WHERE state IN ('proposed', 'started')
+      FROM callgate.calls WHERE is_open  -- state IN ('proposed', 'started')
     UNION ALL
     SELECT state, created_at, turn_id, kind, position
-      FROM callgate.calls WHERE state = 'awaiting_approval'
+      FROM callgate.calls WHERE is_awaiting  -- state = 'awaiting_approval'
 )
 SELECT c.state,
        count(*) FILTER (WHERE c.created_at > now() - interval '1 minute') AS under_1m,
@@ -67,7 +67,7 @@ SELECT c.state,
              AND c.created_at < now() - make_interval(secs => :window)
              AND NOT (c.kind = 'write' AND EXISTS (
                      SELECT 1 FROM callgate.calls AS p
-                      WHERE p.turn_id = c.turn_id AND p.state = 'awaiting_approval'
+                      WHERE p.turn_id = c.turn_id AND p.is_awaiting
                         AND p.position < c.position))
        ) AS overdue
   FROM open_calls AS c
@@ -86,7 +86,7 @@ SELECT (SELECT count(*) FROM callgate.outbox WHERE published_at IS NULL) AS unpu
 RECONCILIATION_SQL = """
 SELECT count(*) AS pending, extract(epoch FROM now() - min(completed_at)) AS oldest
   FROM callgate.operations
- WHERE state = 'failed' AND (result #>> '{error,code}') = 'reconciliation_pending'
+ WHERE awaits_reconciliation  -- state 'failed', error code reconciliation_pending
 """
 
 APPROVALS_SQL = """

@@ -29,8 +29,10 @@ from callgate.store.reservations import result_body
 
 Outcome = Literal["succeeded", "failed"]
 
+# The operations_reconciliation index's filter: state 'failed' with the error code
+# reconciliation_pending (a stored generated column, so the index is used).
 _AWAITING = """
-    op.state = 'failed' AND op.result #>> '{error,code}' = 'reconciliation_pending'"""
+    op.awaits_reconciliation"""
 
 PENDING_SQL = f"""
 SELECT op.operation_id, op.tenant_id, op.tool_name, op.idempotency_key, op.generation,

@@ -15,8 +15,10 @@ from __future__ import annotations
 from sqlalchemy import (
     ARRAY,
     BigInteger,
+    Boolean,
     CheckConstraint,
     Column,
+    Computed,
     DateTime,
     Float,
     ForeignKey,
@@ -81,6 +83,17 @@ operations = Table(
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("completed_at", DateTime(timezone=True)),
+    # The reconciliation index's filter, in place of ``state`` and ``result``: see calls.
+    Column(
+        "awaits_reconciliation",
+        Boolean,
+        Computed(
+            "coalesce(state = 'failed'"
+            " AND (result #>> '{error,code}') = 'reconciliation_pending', false)",
+            persisted=True,
+        ),
+        nullable=False,
+    ),
     CheckConstraint(
         "state IN ('pending', 'in_progress', 'succeeded', 'failed')", name="operations_state"
     ),
@@ -88,6 +101,9 @@ operations = Table(
         "(state = 'in_progress') = (owner_token IS NOT NULL AND lease_expires_at IS NOT NULL)",
         name="operations_owner_iff_in_progress",
     ),
+    # Room on each page for a row's next version: a state change then stays on its page
+    # and adds no index entry (a HOT update).
+    postgresql_with={"fillfactor": 80},
 )
 
 approvals = Table(
@@ -140,6 +156,20 @@ calls = Table(
     Column("queued_seen_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("completed_at", DateTime(timezone=True)),
+    # What the partial indexes filter on instead of ``state`` (which every call changes
+    # twice): an update that leaves these alone touches no index. See migration 0013.
+    Column(
+        "is_open",
+        Boolean,
+        Computed("state IN ('proposed', 'started')", persisted=True),
+        nullable=False,
+    ),
+    Column(
+        "is_awaiting",
+        Boolean,
+        Computed("state = 'awaiting_approval'", persisted=True),
+        nullable=False,
+    ),
     UniqueConstraint("turn_id", "call_id", name="calls_turn_call_id"),
     CheckConstraint("kind IN ('read', 'write')", name="calls_kind"),
     CheckConstraint(
@@ -154,22 +184,19 @@ calls = Table(
         "(result IS NOT NULL) = (state IN ('succeeded', 'failed_retryable', 'failed_terminal'))",
         name="calls_result_iff_terminal",
     ),
+    postgresql_with={"fillfactor": 80},
 )
 Index("calls_operation", calls.c.operation_id)
-Index("calls_after_call", calls.c.after_call)
-Index("calls_approval", calls.c.approval_id)
+# NULL for almost every call: left out, so inserting a call adds no entry for it.
+Index("calls_after_call", calls.c.after_call, postgresql_where=text("after_call IS NOT NULL"))
+Index("calls_approval", calls.c.approval_id, postgresql_where=text("approval_id IS NOT NULL"))
 Index("calls_call_id", calls.c.call_id)
-Index(
-    "calls_open",
-    calls.c.dispatched_at,
-    postgresql_where=text("state IN ('proposed', 'started')"),
-)
+# The open calls (the sweeper's and the gauges' first half). Keyed and filtered on columns a
+# call's state change leaves alone (``proposed`` → ``started`` keeps ``is_open``), so those
+# updates stay heap-only: see migration 0013.
+Index("calls_open", calls.c.id, postgresql_where=text("is_open"))
 # The sweeper's other half: parked calls only, so its cost never grows with history.
-Index(
-    "calls_awaiting",
-    calls.c.approval_id,
-    postgresql_where=text("state = 'awaiting_approval'"),
-)
+Index("calls_awaiting", calls.c.approval_id, postgresql_where=text("is_awaiting"))
 
 outbox = Table(
     "outbox",
@@ -186,13 +213,11 @@ Index("outbox_unpublished", outbox.c.id, postgresql_where=text("published_at IS 
 Index("outbox_call", outbox.c.call_ref)
 
 # Write operations a person must reconcile: the state gauges count them without reading
-# history (callgate/observe/gauges.py uses exactly this predicate).
+# history (callgate/observe/gauges.py and store/reconciliation.py filter on exactly this).
 Index(
     "operations_reconciliation",
-    operations.c.completed_at,
-    postgresql_where=text(
-        "state = 'failed' AND (result #>> '{error,code}') = 'reconciliation_pending'"
-    ),
+    operations.c.operation_id,
+    postgresql_where=text("awaits_reconciliation"),
 )
 
 trace_events = Table(

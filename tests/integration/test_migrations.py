@@ -187,11 +187,11 @@ def test_upgrade_twice_is_a_no_op_at_head(migrated: Engine) -> None:
     assert catalog(migrated) == before
 
     head = ScriptDirectory.from_config(migrate.alembic_config(migrated)).get_current_head()
-    assert head == "0012"
+    assert head == "0013"
     with migrated.connect() as conn:
-        assert _current_revision(conn) == "0012"
+        assert _current_revision(conn) == "0013"
         rows = conn.execute(text(f"SELECT version_num FROM {SCHEMA}.alembic_version")).all()
-    assert [tuple(r) for r in rows] == [("0012",)]
+    assert [tuple(r) for r in rows] == [("0013",)]
 
 
 def test_upgrade_keeps_data(migrated: Engine) -> None:
