@@ -15,10 +15,12 @@ a result or an exception's text (a handler's error may quote its arguments).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import Token
+from dataclasses import dataclass
 from typing import Any, Final
 
 from opentelemetry import context as otel_context
@@ -48,17 +50,19 @@ COMPLETION: Final = "callgate.completion"
 # hold application data.
 W3C: Final = TraceContextTextMapPropagator()
 
-_tracers: dict[int, trace.Tracer] = {}
+# The provider the cached tracer came from, held (not its id: a provider collected after a
+# test swapped it may leave its id to the next one, which would get a dead tracer).
+_cached: tuple[trace.TracerProvider, trace.Tracer] | None = None
 
 
 def _tracer() -> trace.Tracer:
     """callgate's tracer from the current provider (one per provider: a test may swap it)."""
+    global _cached
     provider = trace.get_tracer_provider()
-    tracer = _tracers.get(id(provider))
-    if tracer is None:
-        _tracers.clear()
-        tracer = _tracers[id(provider)] = provider.get_tracer(TRACER_NAME)
-    return tracer
+    cached = _cached
+    if cached is None or cached[0] is not provider:
+        cached = _cached = (provider, provider.get_tracer(TRACER_NAME))
+    return cached[1]
 
 
 _NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
@@ -133,15 +137,107 @@ def _failures(span: Span) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        code = getattr(exc, "code", None)
-        span.set_attribute("error.type", str(code) if code else type(exc).__qualname__)
-        span.set_status(Status(StatusCode.ERROR))
+        _failed(span, exc)
         raise
+
+
+def _failed(span: Span, exc: BaseException) -> None:
+    code = getattr(exc, "code", None)
+    span.set_attribute("error.type", str(code) if code else type(exc).__qualname__)
+    span.set_status(Status(StatusCode.ERROR))
 
 
 def submitted(span: Span, turn_id: object, repeat: bool) -> None:
     if span.is_recording():
         span.set_attributes({"callgate.turn_id": str(turn_id), "callgate.repeat": repeat})
+
+
+# A proposal's intake (``callgate.outcome`` of its ``callgate.propose`` span).
+QUEUED: Final = "queued"  # enqueued by this submit
+WAITING: Final = "waiting"  # a write recorded behind the turn's previous write
+REFUSED: Final = "refused"  # ended at intake (a budget, a repeated call): never enqueued
+REPEAT: Final = "repeat"  # a repeat of an earlier submit, which recorded the call
+NOT_ENQUEUED: Final = "not_enqueued"  # recorded, but Redis refused the enqueue
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One proposal as the submit recorded it, for its ``callgate.propose {tool}`` span."""
+
+    tool_name: str
+    call_id: str
+    call_ref: str
+    operation_id: str
+    outcome: str  # QUEUED, WAITING, REFUSED or REPEAT
+    code: str | None = None  # a refusal's error code
+
+
+class Intake:
+    """The ``callgate.propose`` spans of one submit: started once the turn is recorded;
+    each ends when its outcome is final (a queued one when the enqueue returned)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self._queued: list[Span] = []
+
+    def recorded(self, turn_id: object, proposals: Iterable[Proposal]) -> None:
+        if not self.on:
+            return
+        tracer = _tracer()
+        for p in proposals:
+            span = tracer.start_span(f"callgate.propose {p.tool_name}", kind=SpanKind.INTERNAL)
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "gen_ai.tool.name": p.tool_name,
+                        "gen_ai.tool.call.id": p.call_id,
+                        "callgate.turn_id": str(turn_id),
+                        "callgate.call_ref": p.call_ref,
+                        "callgate.operation_id": p.operation_id,
+                    }
+                )
+            if p.outcome == QUEUED:
+                self._queued.append(span)
+                continue
+            span.set_attribute("callgate.outcome", p.outcome)
+            if p.code is not None:
+                # The call's terminal failure, decided here: it has no execute_tool span.
+                span.set_attributes({"callgate.code": p.code, "error.type": p.code})
+                span.set_status(Status(StatusCode.ERROR))
+            span.end()
+
+    def ended(self, error: BaseException | None) -> None:
+        """The enqueue returned (``error`` None) or raised ``error``."""
+        for span in self._queued:
+            if error is None:
+                span.set_attribute("callgate.outcome", QUEUED)
+            else:
+                span.set_attribute("callgate.outcome", NOT_ENQUEUED)
+                _failed(span, error)
+            span.end()
+        self._queued.clear()
+
+
+_NO_INTAKE: Final = Intake(False)
+_UNTRACED_INTAKE: Final = nullcontext(_NO_INTAKE)
+
+
+def proposing() -> AbstractContextManager[Intake]:
+    """One ``callgate.propose {tool}`` span per proposal, children of the current span (the
+    submit's). The context stored with the turn stays the submit span's: the workers'
+    ``execute_tool`` spans are its children, not a proposal's."""
+    return _proposing() if active() else _UNTRACED_INTAKE
+
+
+@contextmanager
+def _proposing() -> Iterator[Intake]:
+    intake = Intake(True)
+    try:
+        yield intake
+    except BaseException as exc:
+        intake.ended(exc)
+        raise
+    intake.ended(None)
 
 
 def collecting(turn_id: object) -> AbstractContextManager[Span]:
@@ -172,6 +268,30 @@ def collected(span: Span, *, complete: bool, results: int, pending: int) -> None
                 "callgate.pending": pending,
             }
         )
+
+
+def streaming(turn_id: object) -> AbstractContextManager[Span]:
+    """``callgate.collect`` around an async generator's iteration (``AsyncProducer.results``).
+
+    Never made current: the generator yields to its consumer, whose own spans must not nest
+    under it, and it may be closed from another task (the loop's finalizer, after a
+    ``break``), where a context attached here could not be detached. A consumer that stops
+    early (``break``, ``aclose()``, a cancelled task) is no error."""
+    return _streaming(turn_id) if active() else _UNTRACED_COLLECT
+
+
+@contextmanager
+def _streaming(turn_id: object) -> Iterator[Span]:
+    span = _tracer().start_span("callgate.collect", attributes={"callgate.turn_id": str(turn_id)})
+    try:
+        yield span
+    except (GeneratorExit, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        _failed(span, exc)
+        raise
+    finally:
+        span.end()
 
 
 def serving(method: str, headers: Iterable[tuple[bytes, bytes]]) -> AbstractContextManager[Span]:
