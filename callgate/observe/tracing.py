@@ -9,13 +9,15 @@ The submit span's W3C context (``traceparent``, ``tracestate``) is stored with t
 worker reads it with the call and starts ``execute_tool {name}`` (the GenAI semantic
 conventions' span for running a tool) as its child, with one child span per stage.
 
-Redaction: attributes are ids, names, verdicts, codes and counts. Never an argument value,
-a result or an exception's text (a handler's error may quote its arguments).
+Redaction: attributes are ids, names, verdicts, codes and counts. Never a result or an
+exception's text (a handler's error may quote its arguments), and a call's arguments only
+when ``CALLGATE_TRACE_ARGUMENTS=redacted`` asks for them, after callgate's redaction.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
@@ -28,6 +30,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from callgate.tools import redaction
 
 TRACER_NAME: Final = "callgate"
 
@@ -453,16 +457,35 @@ def delivering(
     call_ref: object,
     trace_context: Mapping[str, str] | None,
     queue_wait_seconds: float | None,
+    arguments: Any = None,
 ) -> AbstractContextManager[Delivery]:
     """``execute_tool {tool_name}``, a child of the submit span stored with the turn. It
     starts when the call was dispatched (its first stage is the queue wait) and the gate
     stage follows. An exception that escapes sets ``error.type`` to its class name (never
-    its text)."""
+    its text). ``arguments`` (the call's, given only when ``CALLGATE_TRACE_ARGUMENTS`` is
+    ``redacted``) become ``gen_ai.tool.call.arguments`` once redacted."""
     if not active():
         return _UNTRACED_DELIVERY
     return _delivering(
-        tool_name, call_id, turn_id, operation_id, call_ref, trace_context, queue_wait_seconds
+        tool_name,
+        call_id,
+        turn_id,
+        operation_id,
+        call_ref,
+        trace_context,
+        queue_wait_seconds,
+        arguments,
     )
+
+
+def redacted_arguments(arguments: Any) -> str:
+    """A call's arguments as a span records them: callgate's redaction (the one results,
+    logs and the audit trace pass through) first, then JSON. Arguments the model sent as a
+    string that was not JSON stay that string, redacted."""
+    cleaned = redaction.redact_value(arguments)
+    if isinstance(cleaned, str):
+        return cleaned
+    return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 @contextmanager
@@ -474,6 +497,7 @@ def _delivering(
     call_ref: object,
     trace_context: Mapping[str, str] | None,
     queue_wait_seconds: float | None,
+    arguments: Any,
 ) -> Iterator[Delivery]:
     now = time.time_ns()
     dispatched = None
@@ -500,6 +524,8 @@ def _delivering(
                     "callgate.call_ref": str(call_ref),
                 }
             )
+            if arguments is not None:
+                span.set_attribute("gen_ai.tool.call.arguments", redacted_arguments(arguments))
             if dispatched is not None:
                 spans.stage(QUEUE_WAIT, start_time=dispatched)
                 spans.end_stage(now)
