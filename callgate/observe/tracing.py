@@ -226,11 +226,12 @@ _NO_INTAKE: Final = Intake(False)
 _UNTRACED_INTAKE: Final = nullcontext(_NO_INTAKE)
 
 
-def proposing() -> AbstractContextManager[Intake]:
-    """One ``callgate.propose {tool}`` span per proposal, children of the current span (the
-    submit's). The context stored with the turn stays the submit span's: the workers'
-    ``execute_tool`` spans are its children, not a proposal's."""
-    return _proposing() if active() else _UNTRACED_INTAKE
+def proposing(submit: Span) -> AbstractContextManager[Intake]:
+    """One ``callgate.propose {tool}`` span per proposal, children of ``submit`` (the current
+    span). The context stored with the turn stays the submit span's: the workers'
+    ``execute_tool`` spans are its children, not a proposal's. Nothing when the submit span
+    does not record (no provider, or sampled out): no proposal is even listed."""
+    return _proposing() if active() and submit.is_recording() else _UNTRACED_INTAKE
 
 
 @contextmanager

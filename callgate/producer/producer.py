@@ -287,7 +287,7 @@ class Producer:
             carrier = tracing.carrier_of(span)
             recorded = self._record(ctx, planned, decide, key, request_hash(checked), carrier)
             tracing.submitted(span, recorded.turn_id, recorded.repeat)
-            with tracing.proposing() as intake:
+            with tracing.proposing(span) as intake:
                 if intake.on:
                     intake.recorded(recorded.turn_id, proposals_of(recorded))
                 return self._enqueue(recorded, key)

@@ -71,7 +71,7 @@ def test_without_a_provider_nothing_is_started_or_stored():
         assert trace.get_current_span() is trace.INVALID_SPAN  # nothing was attached
     with tracing.submitting(3) as span:
         assert tracing.carrier_of(span) is None
-    with tracing.proposing() as intake:
+    with tracing.proposing(span) as intake:
         assert not intake.on
     with tracing.streaming("t") as span:
         assert span is trace.INVALID_SPAN
@@ -266,8 +266,8 @@ def test_a_proposal_whose_enqueue_failed_says_so_with_the_code(exported):
     waiting = tracing.Proposal("send_email", "c2", "ref-2", "op-2", tracing.WAITING)
     with (
         pytest.raises(ServiceUnavailable),
-        tracing.submitting(2),
-        tracing.proposing() as intake,
+        tracing.submitting(2) as submit,
+        tracing.proposing(submit) as intake,
     ):
         intake.recorded("turn-1", [queued, waiting])
         raise ServiceUnavailable("Redis at 10.0.0.7 refused", code=ErrorCode.REDIS_UNAVAILABLE)
