@@ -275,14 +275,14 @@ def collected(span: Span, *, complete: bool, results: int, pending: int) -> None
         )
 
 
-def streaming(turn_id: object) -> AbstractContextManager[Span]:
+def streaming(turn_id: object, *, on: bool = True) -> AbstractContextManager[Span]:
     """``callgate.collect`` around an async generator's iteration (``AsyncProducer.results``).
 
     Never made current: the generator yields to its consumer, whose own spans must not nest
     under it, and it may be closed from another task (the loop's finalizer, after a
     ``break``), where a context attached here could not be detached. A consumer that stops
-    early (``break``, ``aclose()``, a cancelled task) is no error."""
-    return _streaming(turn_id) if active() else _UNTRACED_COLLECT
+    early (``break``, ``aclose()``, a cancelled task) is no error. ``on=False``: no span."""
+    return _streaming(turn_id) if on and active() else _UNTRACED_COLLECT
 
 
 @contextmanager

@@ -111,7 +111,7 @@ class AsyncProducer:
             interruptible=False,
         )
 
-    async def results(self, turn_id: str, *, timeout: float | None = None) -> AsyncIterator[Result]:
+    def results(self, turn_id: str, *, timeout: float | None = None) -> AsyncIterator[Result]:
         """Yield each call's terminal result once, as it lands (results Postgres already
         holds first), until every proposed call has one or ``timeout`` seconds pass.
 
@@ -122,7 +122,14 @@ class AsyncProducer:
         last result, the timeout, an error, or the consumer stopping early (a ``break``,
         ``aclose()``, a cancelled task).
         """
-        with tracing.streaming(turn_id) as span:
+        return self._results(turn_id, timeout)
+
+    async def _results(
+        self, turn_id: str, timeout: float | None, *, traced: bool = True
+    ) -> AsyncIterator[Result]:
+        """``results()``. ``traced=False`` for a caller that follows a turn in short rounds
+        (the framework executors' relay), where a span per round would flood the trace."""
+        with tracing.streaming(turn_id, on=traced) as span:
             if timeout is not None:
                 validation.check_timeout(timeout)
             deadline = None if timeout is None else time.monotonic() + timeout
