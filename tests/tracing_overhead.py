@@ -42,10 +42,20 @@ def delivery() -> None:
         spans.finish("succeeded", "succeeded", None, {"allowlist": "pass", "schema": "pass"})
 
 
+PROPOSALS = [
+    tracing.Proposal("get_weather", f"call-{i}", str(REF), f"op-{i}", tracing.QUEUED)
+    for i in range(3)
+]
+
+
 def submit() -> None:
+    """A submit of three reads: its span and one proposal span each."""
     with tracing.submitting(3) as span:
         tracing.carrier_of(span)
         tracing.submitted(span, TURN, False)
+        with tracing.proposing(span) as intake:
+            if intake.on:
+                intake.recorded(TURN, PROPOSALS)
 
 
 def collect() -> None:

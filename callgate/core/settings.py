@@ -352,6 +352,10 @@ class Settings(Section):
     state_metrics: Flag | None = setting(
         None, "Also serve the gauges read from Postgres and Redis (default: sweeper only)."
     )
+    # Traces: a call's arguments on its execute_tool span, only redacted, only when asked.
+    trace_arguments: Literal["off", "redacted"] = setting(
+        "off", "Record each call's arguments on its span, redacted: off or redacted."
+    )
 
     def require_database(self) -> str:
         if not self.database_url:

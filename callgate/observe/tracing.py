@@ -9,16 +9,20 @@ The submit span's W3C context (``traceparent``, ``tracestate``) is stored with t
 worker reads it with the call and starts ``execute_tool {name}`` (the GenAI semantic
 conventions' span for running a tool) as its child, with one child span per stage.
 
-Redaction: attributes are ids, names, verdicts, codes and counts. Never an argument value,
-a result or an exception's text (a handler's error may quote its arguments).
+Redaction: attributes are ids, names, verdicts, codes and counts. Never a result or an
+exception's text (a handler's error may quote its arguments), and a call's arguments only
+when ``CALLGATE_TRACE_ARGUMENTS=redacted`` asks for them, after callgate's redaction.
 """
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from contextvars import Token
+from dataclasses import dataclass
 from typing import Any, Final
 
 from opentelemetry import context as otel_context
@@ -26,6 +30,8 @@ from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind, Status, StatusCode
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+from callgate.tools import redaction
 
 TRACER_NAME: Final = "callgate"
 
@@ -48,17 +54,19 @@ COMPLETION: Final = "callgate.completion"
 # hold application data.
 W3C: Final = TraceContextTextMapPropagator()
 
-_tracers: dict[int, trace.Tracer] = {}
+# The provider the cached tracer came from, held (not its id: a provider collected after a
+# test swapped it may leave its id to the next one, which would get a dead tracer).
+_cached: tuple[trace.TracerProvider, trace.Tracer] | None = None
 
 
 def _tracer() -> trace.Tracer:
     """callgate's tracer from the current provider (one per provider: a test may swap it)."""
+    global _cached
     provider = trace.get_tracer_provider()
-    tracer = _tracers.get(id(provider))
-    if tracer is None:
-        _tracers.clear()
-        tracer = _tracers[id(provider)] = provider.get_tracer(TRACER_NAME)
-    return tracer
+    cached = _cached
+    if cached is None or cached[0] is not provider:
+        cached = _cached = (provider, provider.get_tracer(TRACER_NAME))
+    return cached[1]
 
 
 _NO_PROVIDER: Final = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
@@ -133,15 +141,108 @@ def _failures(span: Span) -> Iterator[None]:
     try:
         yield
     except BaseException as exc:
-        code = getattr(exc, "code", None)
-        span.set_attribute("error.type", str(code) if code else type(exc).__qualname__)
-        span.set_status(Status(StatusCode.ERROR))
+        _failed(span, exc)
         raise
+
+
+def _failed(span: Span, exc: BaseException) -> None:
+    code = getattr(exc, "code", None)
+    span.set_attribute("error.type", str(code) if code else type(exc).__qualname__)
+    span.set_status(Status(StatusCode.ERROR))
 
 
 def submitted(span: Span, turn_id: object, repeat: bool) -> None:
     if span.is_recording():
         span.set_attributes({"callgate.turn_id": str(turn_id), "callgate.repeat": repeat})
+
+
+# A proposal's intake (``callgate.outcome`` of its ``callgate.propose`` span).
+QUEUED: Final = "queued"  # enqueued by this submit
+WAITING: Final = "waiting"  # a write recorded behind the turn's previous write
+REFUSED: Final = "refused"  # ended at intake (a budget, a repeated call): never enqueued
+REPEAT: Final = "repeat"  # a repeat of an earlier submit, which recorded the call
+NOT_ENQUEUED: Final = "not_enqueued"  # recorded, but Redis refused the enqueue
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """One proposal as the submit recorded it, for its ``callgate.propose {tool}`` span."""
+
+    tool_name: str
+    call_id: str
+    call_ref: str
+    operation_id: str
+    outcome: str  # QUEUED, WAITING, REFUSED or REPEAT
+    code: str | None = None  # a refusal's error code
+
+
+class Intake:
+    """The ``callgate.propose`` spans of one submit: started once the turn is recorded;
+    each ends when its outcome is final (a queued one when the enqueue returned)."""
+
+    def __init__(self, on: bool) -> None:
+        self.on = on
+        self._queued: list[Span] = []
+
+    def recorded(self, turn_id: object, proposals: Iterable[Proposal]) -> None:
+        if not self.on:
+            return
+        tracer = _tracer()
+        for p in proposals:
+            span = tracer.start_span(f"callgate.propose {p.tool_name}", kind=SpanKind.INTERNAL)
+            if span.is_recording():
+                span.set_attributes(
+                    {
+                        "gen_ai.tool.name": p.tool_name,
+                        "gen_ai.tool.call.id": p.call_id,
+                        "callgate.turn_id": str(turn_id),
+                        "callgate.call_ref": p.call_ref,
+                        "callgate.operation_id": p.operation_id,
+                    }
+                )
+            if p.outcome == QUEUED:
+                self._queued.append(span)
+                continue
+            span.set_attribute("callgate.outcome", p.outcome)
+            if p.code is not None:
+                # The call's terminal failure, decided here: it has no execute_tool span.
+                span.set_attributes({"callgate.code": p.code, "error.type": p.code})
+                span.set_status(Status(StatusCode.ERROR))
+            span.end()
+
+    def ended(self, error: BaseException | None) -> None:
+        """The enqueue returned (``error`` None) or raised ``error``."""
+        for span in self._queued:
+            if error is None:
+                span.set_attribute("callgate.outcome", QUEUED)
+            else:
+                span.set_attribute("callgate.outcome", NOT_ENQUEUED)
+                _failed(span, error)
+            span.end()
+        self._queued.clear()
+
+
+_NO_INTAKE: Final = Intake(False)
+_UNTRACED_INTAKE: Final = nullcontext(_NO_INTAKE)
+
+
+def proposing(submit: Span) -> AbstractContextManager[Intake]:
+    """One ``callgate.propose {tool}`` span per proposal, children of ``submit`` (the current
+    span). The context stored with the turn stays the submit span's: the workers'
+    ``execute_tool`` spans are its children, not a proposal's. Nothing when the submit span
+    does not record (no provider, or sampled out): no proposal is even listed."""
+    return _proposing() if active() and submit.is_recording() else _UNTRACED_INTAKE
+
+
+@contextmanager
+def _proposing() -> Iterator[Intake]:
+    intake = Intake(True)
+    try:
+        yield intake
+    except BaseException as exc:
+        intake.ended(exc)
+        raise
+    intake.ended(None)
 
 
 def collecting(turn_id: object) -> AbstractContextManager[Span]:
@@ -172,6 +273,30 @@ def collected(span: Span, *, complete: bool, results: int, pending: int) -> None
                 "callgate.pending": pending,
             }
         )
+
+
+def streaming(turn_id: object, *, on: bool = True) -> AbstractContextManager[Span]:
+    """``callgate.collect`` around an async generator's iteration (``AsyncProducer.results``).
+
+    Never made current: the generator yields to its consumer, whose own spans must not nest
+    under it, and it may be closed from another task (the loop's finalizer, after a
+    ``break``), where a context attached here could not be detached. A consumer that stops
+    early (``break``, ``aclose()``, a cancelled task) is no error. ``on=False``: no span."""
+    return _streaming(turn_id) if on and active() else _UNTRACED_COLLECT
+
+
+@contextmanager
+def _streaming(turn_id: object) -> Iterator[Span]:
+    span = _tracer().start_span("callgate.collect", attributes={"callgate.turn_id": str(turn_id)})
+    try:
+        yield span
+    except (GeneratorExit, asyncio.CancelledError):
+        raise
+    except BaseException as exc:
+        _failed(span, exc)
+        raise
+    finally:
+        span.end()
 
 
 def serving(method: str, headers: Iterable[tuple[bytes, bytes]]) -> AbstractContextManager[Span]:
@@ -333,16 +458,35 @@ def delivering(
     call_ref: object,
     trace_context: Mapping[str, str] | None,
     queue_wait_seconds: float | None,
+    arguments: Any = None,
 ) -> AbstractContextManager[Delivery]:
     """``execute_tool {tool_name}``, a child of the submit span stored with the turn. It
     starts when the call was dispatched (its first stage is the queue wait) and the gate
     stage follows. An exception that escapes sets ``error.type`` to its class name (never
-    its text)."""
+    its text). ``arguments`` (the call's, given only when ``CALLGATE_TRACE_ARGUMENTS`` is
+    ``redacted``) become ``gen_ai.tool.call.arguments`` once redacted."""
     if not active():
         return _UNTRACED_DELIVERY
     return _delivering(
-        tool_name, call_id, turn_id, operation_id, call_ref, trace_context, queue_wait_seconds
+        tool_name,
+        call_id,
+        turn_id,
+        operation_id,
+        call_ref,
+        trace_context,
+        queue_wait_seconds,
+        arguments,
     )
+
+
+def redacted_arguments(arguments: Any) -> str:
+    """A call's arguments as a span records them: callgate's redaction (the one results,
+    logs and the audit trace pass through) first, then JSON. Arguments the model sent as a
+    string that was not JSON stay that string, redacted."""
+    cleaned = redaction.redact_value(arguments)
+    if isinstance(cleaned, str):
+        return cleaned
+    return json.dumps(cleaned, ensure_ascii=False, separators=(",", ":"), default=str)
 
 
 @contextmanager
@@ -354,6 +498,7 @@ def _delivering(
     call_ref: object,
     trace_context: Mapping[str, str] | None,
     queue_wait_seconds: float | None,
+    arguments: Any,
 ) -> Iterator[Delivery]:
     now = time.time_ns()
     dispatched = None
@@ -380,6 +525,8 @@ def _delivering(
                     "callgate.call_ref": str(call_ref),
                 }
             )
+            if arguments is not None:
+                span.set_attribute("gen_ai.tool.call.arguments", redacted_arguments(arguments))
             if dispatched is not None:
                 spans.stage(QUEUE_WAIT, start_time=dispatched)
                 spans.end_stage(now)

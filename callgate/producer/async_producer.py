@@ -111,22 +111,44 @@ class AsyncProducer:
             interruptible=False,
         )
 
-    async def results(self, turn_id: str, *, timeout: float | None = None) -> AsyncIterator[Result]:
+    def results(self, turn_id: str, *, timeout: float | None = None) -> AsyncIterator[Result]:
         """Yield each call's terminal result once, as it lands (results Postgres already
         holds first), until every proposed call has one or ``timeout`` seconds pass.
 
         ``timeout=None`` waits for the last call, however long an approval takes. A call
         still running when the iteration ends simply was not yielded: nothing is invented.
+
+        The whole iteration is one ``callgate.collect`` span, ended however it ends: the
+        last result, the timeout, an error, or the consumer stopping early (a ``break``,
+        ``aclose()``, a cancelled task).
         """
-        if timeout is not None:
-            validation.check_timeout(timeout)
-        deadline = None if timeout is None else time.monotonic() + timeout
-        state = await self._in_thread("collect", first_read, self.producer.engine, turn_id, timeout)
-        loaded = time.monotonic()
-        fan = FanIn(state.proposals)
-        async for result in self._landing(state, fan, deadline):
-            yield result
-        fanned_in(state, fan, loaded)
+        return self._results(turn_id, timeout)
+
+    async def _results(
+        self, turn_id: str, timeout: float | None, *, traced: bool = True
+    ) -> AsyncIterator[Result]:
+        """``results()``. ``traced=False`` for a caller that follows a turn in short rounds
+        (the framework executors' relay), where a span per round would flood the trace."""
+        with tracing.streaming(turn_id, on=traced) as span:
+            if timeout is not None:
+                validation.check_timeout(timeout)
+            deadline = None if timeout is None else time.monotonic() + timeout
+            state = await self._in_thread(
+                "collect", first_read, self.producer.engine, turn_id, timeout
+            )
+            loaded = time.monotonic()
+            fan = FanIn(state.proposals)
+            yielded = 0
+            try:
+                async for result in self._landing(state, fan, deadline):
+                    yielded += 1  # counted as it is handed over: a break after it counts it
+                    yield result
+            finally:
+                calls = len(state.proposals)
+                tracing.collected(
+                    span, complete=yielded == calls, results=yielded, pending=calls - yielded
+                )
+            fanned_in(state, fan, loaded)
 
     async def collect(self, turn_id: str, timeout: float) -> Collected:
         """``Producer.collect``, awaited: up to ``timeout`` seconds for one result per call."""

@@ -134,6 +134,42 @@ def traced(span: Span, done: Collected) -> None:
     )
 
 
+def proposals_of(recorded: turns.Recorded) -> list[tracing.Proposal]:
+    """Each proposal of a recorded turn with its intake: enqueued now, waiting for the
+    turn's previous write, refused at intake (its code), or a repeat's (which enqueues again
+    only the calls still waiting for their first job)."""
+    if recorded.repeat:
+        again = set(recorded.undispatched)
+        return [
+            tracing.Proposal(
+                tool_name=t,
+                call_id=c,
+                call_ref=str(ref),
+                operation_id=op,
+                outcome=tracing.QUEUED if ref in again else tracing.REPEAT,
+            )
+            for c, t, op, ref in recorded.calls
+        ]
+    out: list[tracing.Proposal] = []
+    for p in recorded.planned:
+        outcome, code = tracing.QUEUED, None
+        if p.refusal is not None:
+            outcome, code = tracing.REFUSED, str(p.refusal.get("code"))
+        elif p.after is not None:
+            outcome = tracing.WAITING
+        out.append(
+            tracing.Proposal(
+                tool_name=p.proposal.tool_name,
+                call_id=p.proposal.call_id,
+                call_ref=str(p.ref),
+                operation_id=p.operation_id,
+                outcome=outcome,
+                code=code,
+            )
+        )
+    return out
+
+
 def request_hash(checked: validation.Submission) -> str:
     """What makes two submits under one key the same request: the proposals (call id,
     tool, arguments, in order), the operation ids the caller gave, and who asked in which
@@ -251,7 +287,10 @@ class Producer:
             carrier = tracing.carrier_of(span)
             recorded = self._record(ctx, planned, decide, key, request_hash(checked), carrier)
             tracing.submitted(span, recorded.turn_id, recorded.repeat)
-            return self._enqueue(recorded, key)
+            with tracing.proposing(span) as intake:
+                if intake.on:
+                    intake.recorded(recorded.turn_id, proposals_of(recorded))
+                return self._enqueue(recorded, key)
 
     def _enqueue(self, recorded: turns.Recorded, key: str) -> Turn:
         """Enqueue the calls a recorded turn dispatches now (a repeat's undispatched ones)."""

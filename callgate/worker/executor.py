@@ -116,6 +116,12 @@ def execute(rt: Runtime, ref: uuid.UUID) -> DeliveryOutcome:
         call_ref=call.ref,
         trace_context=call.trace_context,
         queue_wait_seconds=call.queue_wait_seconds,
+        # Opt-in: redacted by tracing before any of it is recorded.
+        arguments=(
+            call.arguments.get(RAW_ARGUMENTS, call.arguments)
+            if rt.settings.trace_arguments == "redacted"
+            else None
+        ),
     ) as d.spans:
         outcome = _execute(d)
         d.spans.finish(outcome.value, d.status, d.code, d.verdicts)

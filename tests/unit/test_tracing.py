@@ -23,7 +23,7 @@ from opentelemetry.trace import StatusCode
 
 import callgate
 from callgate.core import logs
-from callgate.core.errors import InputError
+from callgate.core.errors import ErrorCode, InputError, ServiceUnavailable
 from callgate.observe import tracing
 
 
@@ -71,6 +71,10 @@ def test_without_a_provider_nothing_is_started_or_stored():
         assert trace.get_current_span() is trace.INVALID_SPAN  # nothing was attached
     with tracing.submitting(3) as span:
         assert tracing.carrier_of(span) is None
+    with tracing.proposing(span) as intake:
+        assert not intake.on
+    with tracing.streaming("t") as span:
+        assert span is trace.INVALID_SPAN
 
 
 def test_a_delivery_continues_the_submitters_trace_with_one_span_per_stage(exported):
@@ -255,3 +259,22 @@ def test_only_the_process_setup_imports_the_sdk():
             if any(n.startswith(("opentelemetry.sdk", "opentelemetry.exporter")) for n in names):
                 importers.add(path.relative_to(root).as_posix())
     assert importers == {"ops/telemetry.py"}
+
+
+def test_a_proposal_whose_enqueue_failed_says_so_with_the_code(exported):
+    queued = tracing.Proposal("get_weather", "c1", "ref-1", "op-1", tracing.QUEUED)
+    waiting = tracing.Proposal("send_email", "c2", "ref-2", "op-2", tracing.WAITING)
+    with (
+        pytest.raises(ServiceUnavailable),
+        tracing.submitting(2) as submit,
+        tracing.proposing(submit) as intake,
+    ):
+        intake.recorded("turn-1", [queued, waiting])
+        raise ServiceUnavailable("Redis at 10.0.0.7 refused", code=ErrorCode.REDIS_UNAVAILABLE)
+    spans = {s.name: s for s in exported.get_finished_spans()}
+    failed = spans["callgate.propose get_weather"]
+    assert failed.attributes["callgate.outcome"] == "not_enqueued"
+    assert failed.attributes["error.type"] == "redis_unavailable"
+    assert failed.status.status_code is StatusCode.ERROR
+    assert spans["callgate.propose send_email"].attributes["callgate.outcome"] == "waiting"
+    assert "10.0.0.7" not in repr([s.to_json() for s in spans.values()])

@@ -376,8 +376,10 @@ class _Watch:
                 return turns.awaiting_approval(engine, turn)
 
         while self._waiters:
-            # Ends when every call of the turn has a result, or after the recheck period.
-            async for result in self.producer.results(self.turn_id, timeout=PARKED_RECHECK_SECONDS):
+            # Ends when every call of the turn has a result, or after the recheck period. No
+            # span per round (one every 0.3 s): the framework's own tool span is the wait.
+            rounds = self.producer._results(self.turn_id, PARKED_RECHECK_SECONDS, traced=False)
+            async for result in rounds:
                 if result.call_id not in self.results:
                     self.results[result.call_id] = result
                     self._notify()
