@@ -7,7 +7,10 @@ real SDK server never makes. Its tools (all read-only):
 - ``garbled``: a result whose ``content`` is not a list;
 - ``fine``: a normal result;
 - ``mismatch_write``: a write (not read-only, not destructive, not idempotent) answered under
-  another request id; each request it receives is appended to ``RAW_RECORD_FILE`` when set.
+  another request id.
+
+Each ``tools/call`` it receives (its tool, request id and ``params._meta``) is appended to
+``RAW_RECORD_FILE`` when set.
 """
 
 from __future__ import annotations
@@ -57,7 +60,8 @@ def answer(request: dict[str, Any]) -> dict[str, Any] | None:
     record = os.environ.get("RAW_RECORD_FILE")
     if record:
         with open(record, "a") as f:
-            f.write(json.dumps({"tool": name, "id": rid}) + "\n")
+            meta = request["params"].get("_meta")  # the trace context callgate sent, if any
+            f.write(json.dumps({"tool": name, "id": rid, "meta": meta}) + "\n")
     if name in ("mismatch", "mismatch_write"):
         return {"jsonrpc": "2.0", "id": f"{rid}-other", "result": {"content": []}}
     if name == "invalid":

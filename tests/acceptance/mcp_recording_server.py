@@ -147,7 +147,9 @@ def _text(text: str, structured: dict[str, Any] | None = None) -> types.CallTool
 async def call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
     args = dict(params.arguments or {})
     with open(os.environ["RECORD_FILE"], "a") as record:
-        record.write(json.dumps({"pid": os.getpid(), "tool": params.name, "arguments": args}))
+        meta = dict(params.meta) if params.meta else None  # what `_meta` carried (trace context)
+        line = {"pid": os.getpid(), "tool": params.name, "arguments": args, "meta": meta}
+        record.write(json.dumps(line))
         record.write("\n")
     print(f"handling {params.name}", file=sys.stderr, flush=True)
     print('{"jsonrpc": "2.0", "id": 1, "result": {}}', file=sys.stderr, flush=True)

@@ -11,6 +11,13 @@ handed back exactly as it came off the wire, for ``callgate.worker.mcp.results``
 and classify. A response whose id answers no request in flight is handed to the one call
 waiting, if only one is, as the evidence of a mismatch; otherwise it is logged.
 
+Each ``tools/call`` is traced as the MCP semantic conventions say
+(``callgate.observe.mcp_spans``): a CLIENT span under the delivery's handler stage, whose W3C
+context goes to the server in ``params._meta``. The SDK would trace the same request with a
+span of its own (named differently, its error status describing the server's message) and
+inject that span's context with every configured propagator, baggage included: for
+callgate's own ``tools/call`` it is told not to (``_sdk_telemetry_off``), traced or not.
+
 A stdio server's stderr goes to a pipe of its own, read line by line into the log under
 ``callgate.mcp.NAME``; its ``notifications/message`` log records go there too. Neither
 ever touches the protocol stream (the server's stdout).
@@ -25,8 +32,9 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, TextIO, cast
@@ -36,11 +44,16 @@ import httpx2
 import mcp_types as types
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared import jsonrpc_dispatcher
 from mcp.shared.exceptions import MCPError
 from mcp.shared.jsonrpc_dispatcher import JSONRPCDispatcher
 from mcp.shared.message import SessionMessage
 from mcp_types import CONNECTION_CLOSED, REQUEST_TIMEOUT
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
+from callgate.core.errors import ErrorCode
+from callgate.observe import mcp_spans
 from callgate.store.mcp_catalog import ServerInfo
 from callgate.worker.mcp import discovery
 from callgate.worker.mcp.config import ServerConfig
@@ -61,6 +74,8 @@ class Unavailable(Exception):
     ``sent`` says whether the request left this process; if it did not, the server cannot
     have acted on it.
     """
+
+    code = ErrorCode.UPSTREAM_UNAVAILABLE  # what the call fails with (and the span says)
 
     def __init__(self, message: str, *, sent: bool) -> None:
         super().__init__(message)
@@ -90,6 +105,51 @@ def new_request_id() -> str:
     """A fresh JSON-RPC request id: a string that never parses as an integer, so it never
     meets the SDK's own numbering."""
     return f"callgate-{uuid.uuid4().hex}"
+
+
+# Set while callgate sends its own ``tools/call``: the SDK's dispatcher then starts no span and
+# injects nothing (callgate's span and ``_meta`` stand for the request).
+_SDK_TELEMETRY_OFF: ContextVar[bool] = ContextVar("callgate_mcp_sdk_telemetry_off", default=False)
+
+
+def _sdk_telemetry_off() -> None:
+    """Wrap the SDK dispatcher's span and injection helpers so that they stand aside while
+    ``_SDK_TELEMETRY_OFF`` is set (only callgate's own ``tools/call``: any other request of
+    the process, an application's own MCP client included, keeps the SDK's telemetry).
+
+    A later SDK that moves them finds nothing to wrap here; the tracing tests then see its
+    second span and fail, rather than a silent double span in production.
+    """
+    sdk_span = getattr(jsonrpc_dispatcher, "otel_span", None)
+    sdk_inject = getattr(jsonrpc_dispatcher, "inject_trace_context", None)
+    if not callable(sdk_span) or not callable(sdk_inject) or hasattr(sdk_span, "callgate"):
+        return
+
+    def otel_span(name: str, **kwargs: Any) -> AbstractContextManager[Span]:
+        if _SDK_TELEMETRY_OFF.get():
+            return nullcontext(trace.INVALID_SPAN)  # what the SDK sets on it goes nowhere
+        result: AbstractContextManager[Span] = sdk_span(name, **kwargs)
+        return result
+
+    def inject_trace_context(meta: dict[str, Any]) -> None:
+        if not _SDK_TELEMETRY_OFF.get():
+            sdk_inject(meta)
+
+    otel_span.callgate = True  # type: ignore[attr-defined]
+    setattr(jsonrpc_dispatcher, "otel_span", otel_span)  # noqa: B010
+    setattr(jsonrpc_dispatcher, "inject_trace_context", inject_trace_context)  # noqa: B010
+
+
+_sdk_telemetry_off()
+
+
+@contextlib.contextmanager
+def _own_telemetry() -> Iterator[None]:
+    token = _SDK_TELEMETRY_OFF.set(True)
+    try:
+        yield
+    finally:
+        _SDK_TELEMETRY_OFF.reset(token)
 
 
 class _Wire:
@@ -257,6 +317,8 @@ class Connection:
         self._logger = logging.getLogger(f"callgate.mcp.{config.name}")
         self.failure: str | None = None
         self.connections = 0  # sessions opened so far (1 + restarts)
+        self._peer = mcp_spans.peer_of(config.url if config.transport != "stdio" else None)
+        self._session_id: str | None = None  # streamable HTTP's Mcp-Session-Id, once sent
 
     def start(self) -> None:
         """Start the supervisor (on the running loop)."""
@@ -285,16 +347,33 @@ class Connection:
         Raises ``Unavailable`` when no response came (see its ``sent``). A JSON-RPC error
         response is returned like any other: classifying it is the caller's business.
         """
+        with mcp_spans.calling(
+            server=self.config.name, tool=tool, request_id=request_id, peer=self._peer
+        ) as span:
+            exchange = await self._call(span, tool, arguments, request_id, timeout)
+            mcp_spans.answered(span, exchange.response, request_id=request_id, stray=exchange.stray)
+            return exchange
+
+    async def _call(
+        self, span: Span, tool: str, arguments: dict[str, Any], request_id: str, timeout: float
+    ) -> Exchange:
         session, dispatcher, wire = await self._live(timeout)
-        del session  # the session owns the dispatcher; callgate sends through it
-        stray = wire.watch(request_id)
-        sending = asyncio.ensure_future(
-            dispatcher.send_raw_request(
-                "tools/call",
-                {"name": tool, "arguments": arguments},
-                {"request_id": request_id, "timeout": timeout},
-            )
+        mcp_spans.session(
+            span, protocol_version=session.protocol_version, session_id=self._session_id
         )
+        params: dict[str, Any] = {"name": tool, "arguments": arguments}
+        meta = mcp_spans.meta(span)
+        if meta is not None:
+            # The trace context only: the request id, the name and the arguments are as
+            # they were (``arguments`` is the caller's dict, not copied and not changed).
+            params["_meta"] = meta
+        stray = wire.watch(request_id)
+        with _own_telemetry():  # the task below starts in this context: the SDK stands aside
+            sending = asyncio.ensure_future(
+                dispatcher.send_raw_request(
+                    "tools/call", params, {"request_id": request_id, "timeout": timeout}
+                )
+            )
         try:
             done, _ = await asyncio.wait({sending, stray}, return_when=asyncio.FIRST_COMPLETED)
             if sending not in done:
@@ -364,6 +443,7 @@ class Connection:
             pause = min(pause * 2.5, MAX_RETRY_SECONDS)
 
     async def _session_once(self) -> None:
+        self._session_id = None
         async with self._transport() as (read, write):
             wire = _Wire(on_lost=self._ready.clear)
             dispatcher: JSONRPCDispatcher[Any] = JSONRPCDispatcher(
@@ -419,10 +499,18 @@ class Connection:
             httpx2.AsyncClient(
                 headers=dict(config.headers),
                 timeout=httpx2.Timeout(config.connect_timeout, read=None),
+                event_hooks={"response": [self._on_http_response]},
             ) as http,
             streamable_http_client(config.url, http_client=http) as streams,
         ):
             yield streams
+
+    async def _on_http_response(self, response: httpx2.Response) -> None:
+        """The session id the server assigned (the transport keeps it to itself), for the
+        spans' ``mcp.session.id``."""
+        session_id = response.headers.get("mcp-session-id")
+        if session_id:
+            self._session_id = session_id
 
     async def _on_message(self, message: Any) -> None:
         if isinstance(message, types.ToolListChangedNotification):

@@ -170,6 +170,10 @@ class _Invocation:
 
     async def __call__(self, args: dict[str, Any], ctx: ExecutionContext) -> dict[str, Any]:
         request_id = new_request_id()
+        # The evidence of the request is its ids, names and versions, never its params: so
+        # not the ``_meta`` trace context the client adds when it traces. That belongs to
+        # this delivery's span (each redelivery has its own), which the reservation's event
+        # already records; kept out, the evidence of a call is the same traced or not.
         call_ids = await self._trace(
             ctx,
             "mcp_request",
