@@ -137,6 +137,8 @@ def phoenix(tmp_path: Path) -> Iterator[Phoenix]:
             process.wait()
 
 
+# Phoenix's start (~10 s idle), the turn and a browser: room on a loaded machine.
+@pytest.mark.timeout(300)
 def test_one_turn_s_trace_in_phoenix_s_ui(
     producer: Producer,
     service_env: dict[str, str],
