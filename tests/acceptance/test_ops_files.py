@@ -280,13 +280,21 @@ def test_every_compose_command_is_a_real_callgate_command() -> None:
         assert "Usage: " in result.output
 
 
-def test_every_callgate_service_sends_its_traces_to_the_stacks_jaeger() -> None:
+def test_every_callgate_service_sends_its_traces_to_the_stacks_phoenix() -> None:
     services = compose()["services"]
-    assert "jaeger" in services and "127.0.0.1:16686:16686" in services["jaeger"]["ports"]
+    phoenix = services["phoenix"]
+    assert {"127.0.0.1:6006:6006", "127.0.0.1:4317:4317"} <= set(phoenix["ports"])
     for name in CALLGATE_SERVICES:
         endpoint = services[name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
-        assert endpoint.endswith("http://jaeger:4318}"), name  # overridable, Jaeger by default
+        # Overridable, Phoenix by default: its base URL, to which the exporter appends
+        # /v1/traces (Phoenix takes OTLP over HTTP on its UI's port).
+        assert endpoint.endswith("http://phoenix:6006}"), name
     assert "'.[api,otel]'" in (REPO / "Dockerfile").read_text()
+    # The stack's Phoenix is the version tests/acceptance/test_trace_ui.py drives in a
+    # browser (.ci/run installs it), so docs/images/trace.png shows the stack's UI.
+    image_version = phoenix["image"].removeprefix("arizephoenix/phoenix:version-")
+    pinned = re.search(r"arize-phoenix==([0-9.]+)", (REPO / ".ci" / "run").read_text())
+    assert pinned and image_version == pinned[1]
 
 
 def test_prometheus_and_grafana_mount_the_repository_s_files() -> None:
