@@ -141,7 +141,7 @@ SELECT c.id
   FROM callgate.calls AS c
   JOIN callgate.operations AS op USING (operation_id)
   LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
- WHERE c.state IN ('proposed', 'started')
+ WHERE c.is_open  -- state IN ('proposed', 'started'): the calls_open index
    AND (CAST(:refs AS uuid[]) IS NULL OR c.id = ANY(CAST(:refs AS uuid[])))
    AND (CAST(:since AS timestamptz) IS NULL
         OR c.dispatched_at IS NULL OR c.dispatched_at < CAST(:since AS timestamptz))

@@ -29,19 +29,17 @@ from callgate.store.reservations import result_body
 
 Outcome = Literal["succeeded", "failed"]
 
-# The operations_reconciliation index's filter: state 'failed' with the error code
-# reconciliation_pending (a stored generated column, so the index is used).
 _AWAITING = """
-    op.awaits_reconciliation"""
+    op.state = 'failed' AND op.result #>> '{error,code}' = 'reconciliation_pending'"""
 
-PENDING_SQL = f"""
+PENDING_SQL = """
 SELECT op.operation_id, op.tenant_id, op.tool_name, op.idempotency_key, op.generation,
        op.canonical, op.completed_at,
        extract(epoch FROM now() - op.completed_at) AS age_seconds,
        (SELECT count(*) FROM callgate.calls AS c WHERE c.operation_id = op.operation_id)
          AS calls
   FROM callgate.operations AS op
- WHERE {_AWAITING}
+ WHERE op.awaits_reconciliation  -- the _AWAITING rows, as the operations_reconciliation index
    AND (CAST(:tenant AS text) IS NULL OR op.tenant_id = :tenant)
    AND (CAST(:operation_id AS text) IS NULL OR op.operation_id = :operation_id)
  ORDER BY op.completed_at, op.operation_id

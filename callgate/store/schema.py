@@ -191,10 +191,10 @@ Index("calls_operation", calls.c.operation_id)
 Index("calls_after_call", calls.c.after_call, postgresql_where=text("after_call IS NOT NULL"))
 Index("calls_approval", calls.c.approval_id, postgresql_where=text("approval_id IS NOT NULL"))
 Index("calls_call_id", calls.c.call_id)
-# The open calls (the sweeper's and the gauges' first half). Keyed and filtered on columns a
-# call's state change leaves alone (``proposed`` → ``started`` keeps ``is_open``), so those
-# updates stay heap-only: see migration 0013.
-Index("calls_open", calls.c.id, postgresql_where=text("is_open"))
+# The open calls (the sweeper's and the gauges' first half), by their last dispatch. Keyed
+# and filtered on columns a reservation leaves alone (``proposed`` → ``started`` keeps
+# ``is_open``), so it stays a heap-only update: see migration 0013.
+Index("calls_open", calls.c.dispatched_at, postgresql_where=text("is_open"))
 # The sweeper's other half: parked calls only, so its cost never grows with history.
 Index("calls_awaiting", calls.c.approval_id, postgresql_where=text("is_awaiting"))
 

@@ -291,12 +291,21 @@ def test_the_sweeper_reads_only_open_and_parked_calls(engine: Engine) -> None:
             {"r": p.ref},
         )
         conn.execute(text("ANALYZE callgate.calls"))
-        plan_rows = conn.execute(
-            text("EXPLAIN (FORMAT JSON) " + sweeper.DUE_SQL),
-            {"stale_seconds": 60, "successor_grace": 5, "batch": 100},
-        ).scalar()
-    scans = _scans(plan_rows[0]["Plan"] if isinstance(plan_rows, list) else json.loads(plan_rows))
-    assert ("Seq Scan", "calls") not in scans, scans
+        plans = [
+            conn.execute(text("EXPLAIN (FORMAT JSON) " + sql), params).scalar()
+            for sql, params in (
+                (sweeper.DUE_SQL, {"stale_seconds": 60, "successor_grace": 5, "batch": 100}),
+                # The recovery of a Redis found empty: every open call, no refs.
+                (
+                    sweeper.LOST_SQL,
+                    {"refs": None, "since": None, "max_dispatches": 5, "batch": 100},
+                ),
+            )
+        ]
+    for plan_rows in plans:
+        plan = plan_rows[0]["Plan"] if isinstance(plan_rows, list) else json.loads(plan_rows)
+        scans = _scans(plan)
+        assert ("Seq Scan", "calls") not in scans, scans
 
 
 def _scans(node: dict[str, object]) -> list[tuple[str, str]]:

@@ -11,7 +11,7 @@ calls), and each index entry is WAL and later vacuum work.
 The partial indexes now read stored generated columns instead: ``calls.is_open``,
 ``calls.is_awaiting``, ``operations.awaits_reconciliation``. Their value is unchanged by
 most state changes (``proposed`` → ``started`` keeps a call open), so those updates no longer
-touch any index. Index keys no state change alters (the row's own id), partial indexes of
+touch any index. Index keys a reservation or a completion leaves alone, partial indexes of
 ``after_call`` and ``approval_id`` that leave out the NULLs almost every call has, and
 fillfactor 80 (room on each page for the updated row) do the rest.
 
@@ -37,7 +37,7 @@ STATEMENTS = (
         ADD COLUMN is_awaiting boolean NOT NULL
             GENERATED ALWAYS AS (state = 'awaiting_approval') STORED""",
     f"DROP INDEX {S}.calls_open",
-    f"CREATE INDEX calls_open ON {S}.calls (id) WHERE is_open",
+    f"CREATE INDEX calls_open ON {S}.calls (dispatched_at) WHERE is_open",
     f"DROP INDEX {S}.calls_awaiting",
     f"CREATE INDEX calls_awaiting ON {S}.calls (approval_id) WHERE is_awaiting",
     f"DROP INDEX {S}.calls_after_call",
