@@ -13,8 +13,8 @@ Steady state, not start-up: a worker's costs are the deltas between the first sa
 ``WARM_UP`` of the calls completed and the first with every call completed, divided by the
 calls completed between them; the relayer's the same over published rows. Start-up
 (imports, connections, registration, the pools filling) happens before and is outside both
-windows; a backend that connects inside a window counts from zero (its connection is a cost
-of the calls that made the pool open it; ``window.pg_connections_opened`` says how many did).
+windows; a backend that connects inside a window counts from the first sample that sees it
+(``window.pg_connections_opened`` says how many did).
 Redis and the whole server are shared with whatever else runs on them, so their deltas have
 an idle baseline subtracted: their rates over ``BASELINE_SECONDS`` before the run, times the
 window's length. The producer's side (submit before the workers start, collect after they
@@ -164,15 +164,18 @@ def _proc_delta(window: Sequence[Sample], pick: Callable[[int], bool]) -> float:
 
 def _backend_delta(window: Sequence[Sample], pick: Callable[[int, str], bool]) -> float:
     """CPU of the picked backends over the window: each backend's last value seen in it less
-    its value at the start (0 for one that connected inside the window: its start-up is a
-    cost of the calls that made the pool open it)."""
-    start = {b: v for b, (owner, app, v) in window[0].backends.items() if pick(owner, app)}
+    its first. A pool opens connections lazily, when statements overlap, so some connect
+    inside a window; counting each from the first sample that saw it leaves out most of its
+    start-up (a new backend's caches, ~9 ms of CPU), a one-off a long-running worker does
+    not pay per call."""
+    first: dict[int, float] = {}
     last: dict[int, float] = {}
     for s in window:
         for b, (owner, app, v) in s.backends.items():
             if pick(owner, app):
+                first.setdefault(b, v)
                 last[b] = v
-    return sum(v - start.get(b, 0.0) for b, v in last.items())
+    return sum(v - first[b] for b, v in last.items())
 
 
 @dataclass(frozen=True)
@@ -353,7 +356,7 @@ def _reduce(
         / calls,
     }
     top = sorted(_commands(submit[0], collect[1]).items(), key=lambda kv: -kv[1])[:8]
-    conns = _connections(worker_win, roles)
+    conns = _connections(samples, roles)
     opened = set().union(*(s.backends for s in worker_win)) - set(worker_win[0].backends)
     ms = 1000.0
     return {
@@ -401,15 +404,18 @@ def _net_commands(a: Sample, b: Sample, background: Rates) -> float:
     return sum(_commands(a, b).values()) - background.redis_commands * (b.at - a.at)
 
 
-def _connections(window: Sequence[Sample], roles: dict[int, str]) -> dict[str, Any]:
-    """Peak Postgres connections each child held in the window, averaged over the workers."""
+def _connections(samples: Sequence[Sample], roles: dict[int, str]) -> dict[str, Any]:
+    """Peak connections each child held to Postgres over the run, averaged over the workers.
+    A connection is a level, not a rate, so start-up counts. The demo tools' own pool
+    (``DOWNSTREAM_APP``) is reported apart: a real tool's database is its own."""
     peak: dict[int, int] = {}
     by_app: dict[tuple[int, str], int] = {}
-    for s in window:
+    for s in samples:
         count: dict[int, int] = {}
         apps: dict[tuple[int, str], int] = {}
         for owner, app, _ in s.backends.values():
-            count[owner] = count.get(owner, 0) + 1
+            if app != DOWNSTREAM_APP:
+                count[owner] = count.get(owner, 0) + 1
             apps[(owner, app)] = apps.get((owner, app), 0) + 1
         for k, n in count.items():
             peak[k] = max(peak.get(k, 0), n)
