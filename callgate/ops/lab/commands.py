@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import importlib
+import json
 import sys
 import tempfile
 from pathlib import Path
@@ -43,7 +44,7 @@ def demo_cmd(workers: int, data_dir: Path | None) -> None:
     sys.exit(0 if ok else 1)
 
 
-@click.command("bench")
+@click.group("bench", invoke_without_command=True)
 @setting_option("--quick", variable="CALLGATE_BENCH_QUICK", is_flag=True)
 @setting_option(
     "--out", variable="CALLGATE_BENCH_OUT", type=click.Path(path_type=Path, file_okay=False)
@@ -72,7 +73,9 @@ def demo_cmd(workers: int, data_dir: Path | None) -> None:
     help="Calls in flight per worker for the 100 ms tools and the memory figure, passed to "
     "the workers as CALLGATE_WORKER_CONCURRENCY.",
 )
+@click.pass_context
 def bench_cmd(
+    ctx: click.Context,
     quick: bool,
     out: Path,
     workers: str | None,
@@ -89,7 +92,12 @@ def bench_cmd(
     traffic, latency per stage and memory per in-flight call. Migrates what it needs and
     uses queues of its own. Exits 1 if a correctness check inside it fails (a call that
     never ended, a write applied other than once).
+
+    `callgate bench costs` measures what one call costs each tier; `callgate bench model`
+    says which tier a fleet saturates first.
     """
+    if ctx.invoked_subcommand is not None:
+        return  # a subcommand: the options above are the whole bench's
     for module, why in (("matplotlib", "draws its plots"), ("dramatiq", "runs its baselines")):
         try:
             importlib.import_module(module)
@@ -127,3 +135,137 @@ def _worker_counts(raw: str) -> tuple[int, ...]:
     if not counts or min(counts) < 1:
         raise InputError(f"--workers {raw!r}: expected counts such as 1,2,4")
     return counts
+
+
+@bench_cmd.command("costs")
+@click.option(
+    "--calls", default=500, show_default=True, type=click.IntRange(min=20), help="Calls per kind."
+)
+@click.option(
+    "--kind",
+    type=click.Choice(["reads", "writes"]),
+    default=None,
+    help="Measure one kind only: no-op get_stock reads or refund_payment writes (default both).",
+)
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1))
+@click.option(
+    "--concurrency",
+    type=click.IntRange(min=1),
+    default=None,
+    help="Calls in flight per worker (default: the worker's own default).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=Path("costs.json"),
+    show_default=True,
+    help="Where to write the costs (JSON).",
+)
+def bench_costs_cmd(
+    calls: int, kind: str | None, workers: int, concurrency: int | None, out: Path
+) -> None:
+    """Measure what one call costs each tier: Postgres, worker, relayer and Redis CPU, Redis
+    commands, Postgres connections per worker, in steady state on CALLGATE_DATABASE_URL and
+    CALLGATE_REDIS_URL (run it on the database's machine: it reads /proc). Feed the file to
+    `callgate bench model`."""
+    from callgate.core.settings import Settings
+    from callgate.ops.lab.bench import costs
+    from callgate.ops.lab.bench.services import Services
+
+    try:
+        found = costs.run(
+            Services.prepare(load_settings()),
+            kinds=[kind] if kind else list(costs.KINDS),
+            calls=calls,
+            workers=workers,
+            concurrency=concurrency or Settings().worker_concurrency,
+            command=" ".join(["callgate", *sys.argv[1:]]),
+        )
+    except BenchError as exc:
+        click.echo(f"callgate bench costs: FAILED: {exc}", err=True)
+        sys.exit(1)
+    out.write_text(json.dumps(found, indent=2) + "\n")
+    for name, k in found["kinds"].items():
+        click.echo(
+            f"{name}: Postgres {k['pg_cpu_ms_per_call']} ms, worker {k['worker_cpu_ms_per_call']}"
+            f" ms, relayer {k['relayer_cpu_ms_per_call']} ms, Redis {k['redis_cpu_ms_per_call']}"
+            f" ms CPU and {k['redis_commands_per_call']} commands per call; "
+            f"{k['pg_connections_per_worker']} connections per worker"
+        )
+    click.echo(f"wrote {out}")
+
+
+@bench_cmd.command("model")
+@click.option(
+    "--costs",
+    "costs_file",
+    type=click.Path(path_type=Path, dir_okay=False),
+    required=True,
+    help="A file `callgate bench costs` wrote.",
+)
+@click.option("--workers", type=int, required=True, help="Worker processes (N).")
+@click.option("--concurrency", type=int, required=True, help="Calls in flight per worker (K).")
+@click.option("--pg-cores", type=float, required=True, help="Postgres' cores.")
+@click.option(
+    "--mix",
+    default="reads=1",
+    show_default=True,
+    help="Shares of each kind, e.g. reads=0.8,writes=0.2.",
+)
+@click.option("--handler-ms", type=float, default=0.0, show_default=True, help="Tool latency.")
+@click.option(
+    "--worker-cores",
+    type=float,
+    default=1.0,
+    show_default=True,
+    help="Cores per worker process (at most 1 counts: a Python process runs on one).",
+)
+@click.option("--relayers", type=int, default=1, show_default=True)
+@click.option(
+    "--redis-servers",
+    type=int,
+    default=1,
+    show_default=True,
+    help="Redis servers the queues are spread over (one core each).",
+)
+@click.option(
+    "--pg-max-connections",
+    type=int,
+    default=None,
+    help="Postgres' max_connections (default: the measured server's).",
+)
+def bench_model_cmd(
+    costs_file: Path,
+    workers: int,
+    concurrency: int,
+    pg_cores: float,
+    mix: str,
+    handler_ms: float,
+    worker_cores: float,
+    relayers: int,
+    redis_servers: int,
+    pg_max_connections: int | None,
+) -> None:
+    """Print each tier's capacity for a fleet and a call mix, and the one that saturates
+    first, from the costs `callgate bench costs` measured."""
+    from callgate.ops.lab.bench import load_model
+
+    shares = load_model.parse_mix(mix)
+    try:
+        document = json.loads(costs_file.read_text())
+    except FileNotFoundError:
+        raise InputError(f"--costs {costs_file}: no such file") from None
+    except (OSError, ValueError) as exc:
+        raise InputError(f"--costs {costs_file}: not a costs file ({exc})") from None
+    if not isinstance(document, dict):
+        raise InputError(f"--costs {costs_file}: not a costs file")
+    fleet = load_model.Fleet(
+        workers=workers,
+        concurrency=concurrency,
+        pg_cores=pg_cores,
+        worker_cores=worker_cores,
+        relayers=relayers,
+        redis_servers=redis_servers,
+        pg_max_connections=pg_max_connections,
+    )
+    click.echo(load_model.render(load_model.predict(document, fleet, shares, handler_ms)))
