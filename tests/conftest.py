@@ -16,6 +16,10 @@ from collections.abc import Callable, Iterator
 import psycopg
 import pytest
 import redis
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from sqlalchemy import Engine
 
 from callgate.ops.lab.demo import downstream
@@ -118,3 +122,15 @@ def service_env(database_url: str, redis_url: str, queue_name: str) -> dict[str,
         # Named explicitly: no process falls back to the demo tools on its own.
         "CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry",
     }
+
+
+@pytest.fixture
+def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
+    """A tracer provider for this test only, exporting into memory (the global one is put
+    back after)."""
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
+    yield exporter
+    provider.shutdown()

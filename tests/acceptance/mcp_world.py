@@ -6,16 +6,51 @@ helpers to read what the servers received."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import sys
+import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from callgate.ops.lab.chaos.services import free_port
+
 HERE = Path(__file__).resolve().parent
 BIN = Path(sys.executable).parent
 SUPPORT = {"request_id": "req-mcp", "tenant_id": "tenant-a", "user_id": "user-17"}
+
+
+def wait_for_port(port: int, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise AssertionError(f"nothing listens on {port}")
+
+
+@contextmanager
+def recording_http_server(root: Path) -> Iterator[tuple[int, Path]]:
+    """The recording server over streamable HTTP on a free port, until the block ends:
+    its port and the file it records each ``tools/call`` to."""
+    port = free_port()
+    record = root / "received.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, str(HERE / "mcp_recording_server.py"), "--http", str(port)],
+        env={"RECORD_FILE": str(record), "PATH": "/usr/bin:/bin"},
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        wait_for_port(port)
+        yield port, record
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 @dataclass(frozen=True)

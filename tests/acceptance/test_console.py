@@ -20,17 +20,14 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from sqlalchemy import Engine, text
 
 from callgate.ops.lab.demo import downstream
+from tests.acceptance import browser
 from tests.acceptance.api_server import ApiServer, api, engine, env, make_key, running
 from tests.acceptance.conftest import REFUND_O17, effects_for, scalar
 
 __all__ = ["api", "engine", "env", "running"]  # fixtures, for pytest
-
-CHROMIUM = "/usr/bin/chromium"
-TIMEOUT_MS = 60_000  # a loaded machine starves the browser, the API and the workers alike
 
 
 def _parked(http: httpx.Client, proposals: list[dict[str, Any]]) -> tuple[str, str]:
@@ -57,9 +54,8 @@ def _idempotency_key(engine: Engine, turn_id: str) -> str:
 def test_an_approver_signs_in_approves_the_o17_refund_and_denies_a_deletion(
     running: ApiServer, env: dict[str, str], engine: Engine, tmp_path: Path
 ) -> None:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Debian's chromium is required at {CHROMIUM} (.ci/run installs it)")
-    from playwright.sync_api import expect, sync_playwright
+    browser.require_chromium()
+    from playwright.sync_api import expect
 
     requester = make_key(env, "tenant-a", "user-17", "support")["key"]
     approver = make_key(env, "tenant-a", "user-5", "approver")["key"]
@@ -99,93 +95,83 @@ def test_an_approver_signs_in_approves_the_o17_refund_and_denies_a_deletion(
             ],
         )
 
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
+    with browser.page(1100, 1300) as page:
+        page.goto(f"{running.url}/console")
+        page.fill("#key", approver)
+        page.click("#sign-in button[type=submit]")
+        expect(page.locator("#who")).to_have_text("user-5 · tenant-a")
+        expect(page.locator("#sign-in")).to_be_hidden()
+        pending = page.locator("#pending article[data-state=pending]")
+        expect(pending).to_have_count(4)
+
+        # The key is nowhere in the page, and the session cookie holds no secret.
+        assert approver not in page.content()
+        assert page.input_value("#key") == ""
+        (cookie,) = page.context.cookies()
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert approver.rsplit(".", 1)[1] not in cookie["value"]
+
+        # The server-computed impact of the O-17 refund.
+        refund_card = page.locator(f"article[data-approval='{refund_approval}']")
+        expect(refund_card).to_contain_text("refund_payment")
+        expect(refund_card).to_contain_text("order_id O-17")
+        expect(refund_card).to_contain_text("12,000 KRW")
+        expect(refund_card).to_contain_text("irreversible")
+        expect(refund_card).to_contain_text("user-17")
+        delete_card = page.locator(f"article[data-approval='{delete_approval}']")
+        expect(delete_card).to_contain_text("50 item(s)")
+
+        refund_card.get_by_role("button", name="Approve").click()
+        decided = page.locator(f"#recent article[data-approval='{refund_approval}']")
+        expect(decided).to_have_attribute("data-state", "approved")
+        expect(decided).to_contain_text("r1: succeeded")  # the refund ran: its result
+        expect(decided).to_contain_text('"amount":12000')
+
+        # Decided elsewhere (another approver, over the API): the page follows by itself.
+        with running.client(colleague) as http:
+            assert http.post(f"/v1/approvals/{elsewhere_approval}/approve").status_code == 200
+        expect(
+            page.locator(f"#recent article[data-approval='{elsewhere_approval}']")
+        ).to_have_attribute("data-state", "approved")
+
+        # The order gets a newer payment while its refund waits: approving it now, the
+        # resumed call resolves another payment (another intent). The approval does not
+        # carry over; the console says so on the new request.
+        with engine.begin() as conn:
+            downstream.add_payment(
+                conn, moved_order, "tenant-a", "merchant-tenant-a", "pay-newer", 50_000, "KRW"
+            )
+        page.locator(f"article[data-approval='{moved_approval}']").get_by_role(
+            "button", name="Approve"
+        ).click()
+        superseded = page.locator(f"#recent article[data-approval='{moved_approval}']")
+        expect(superseded).to_have_attribute("data-state", "superseded")
+        expect(superseded).to_contain_text("Superseded by version 2")
+        again = pending.filter(has_text="payment_id pay-newer")
+        expect(again).to_contain_text(
+            "The intent changed after version 1 was decided by user-5: that decision does "
+            "not carry over. This is a new request and needs a new decision."
         )
-        try:
-            page = browser.new_page(viewport={"width": 1100, "height": 1300})
-            page.set_default_timeout(TIMEOUT_MS)
-            page.goto(f"{running.url}/console")
-            page.fill("#key", approver)
-            page.click("#sign-in button[type=submit]")
-            expect(page.locator("#who")).to_have_text("user-5 · tenant-a")
-            expect(page.locator("#sign-in")).to_be_hidden()
-            pending = page.locator("#pending article[data-state=pending]")
-            expect(pending).to_have_count(4)
 
-            # The key is nowhere in the page, and the session cookie holds no secret.
-            assert approver not in page.content()
-            assert page.input_value("#key") == ""
-            (cookie,) = page.context.cookies()
-            assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-            assert approver.rsplit(".", 1)[1] not in cookie["value"]
+        shot = tmp_path / "console.png"
+        page.screenshot(path=str(shot), full_page=True)
+        if target := os.environ.get("CONSOLE_SCREENSHOT"):
+            shutil.copyfile(shot, target)
 
-            # The server-computed impact of the O-17 refund.
-            refund_card = page.locator(f"article[data-approval='{refund_approval}']")
-            expect(refund_card).to_contain_text("refund_payment")
-            expect(refund_card).to_contain_text("order_id O-17")
-            expect(refund_card).to_contain_text("12,000 KRW")
-            expect(refund_card).to_contain_text("irreversible")
-            expect(refund_card).to_contain_text("user-17")
-            delete_card = page.locator(f"article[data-approval='{delete_approval}']")
-            expect(delete_card).to_contain_text("50 item(s)")
+        delete_card.get_by_role("button", name="Deny").click()
+        denied = page.locator(f"#recent article[data-approval='{delete_approval}']")
+        expect(denied).to_have_attribute("data-state", "denied")
+        expect(denied).to_contain_text("approval_denied")
+        again.get_by_role("button", name="Deny").click()
+        expect(pending).to_have_count(0)
 
-            refund_card.get_by_role("button", name="Approve").click()
-            decided = page.locator(f"#recent article[data-approval='{refund_approval}']")
-            expect(decided).to_have_attribute("data-state", "approved")
-            expect(decided).to_contain_text("r1: succeeded")  # the refund ran: its result
-            expect(decided).to_contain_text('"amount":12000')
-
-            # Decided elsewhere (another approver, over the API): the page follows by itself.
-            with running.client(colleague) as http:
-                assert http.post(f"/v1/approvals/{elsewhere_approval}/approve").status_code == 200
-            expect(
-                page.locator(f"#recent article[data-approval='{elsewhere_approval}']")
-            ).to_have_attribute("data-state", "approved")
-
-            # The order gets a newer payment while its refund waits: approving it now, the
-            # resumed call resolves another payment (another intent). The approval does not
-            # carry over; the console says so on the new request.
-            with engine.begin() as conn:
-                downstream.add_payment(
-                    conn, moved_order, "tenant-a", "merchant-tenant-a", "pay-newer", 50_000, "KRW"
-                )
-            page.locator(f"article[data-approval='{moved_approval}']").get_by_role(
-                "button", name="Approve"
-            ).click()
-            superseded = page.locator(f"#recent article[data-approval='{moved_approval}']")
-            expect(superseded).to_have_attribute("data-state", "superseded")
-            expect(superseded).to_contain_text("Superseded by version 2")
-            again = pending.filter(has_text="payment_id pay-newer")
-            expect(again).to_contain_text(
-                "The intent changed after version 1 was decided by user-5: that decision does "
-                "not carry over. This is a new request and needs a new decision."
-            )
-
-            shot = tmp_path / "console.png"
-            page.screenshot(path=str(shot), full_page=True)
-            if target := os.environ.get("CONSOLE_SCREENSHOT"):
-                shutil.copyfile(shot, target)
-
-            delete_card.get_by_role("button", name="Deny").click()
-            denied = page.locator(f"#recent article[data-approval='{delete_approval}']")
-            expect(denied).to_have_attribute("data-state", "denied")
-            expect(denied).to_contain_text("approval_denied")
-            again.get_by_role("button", name="Deny").click()
-            expect(pending).to_have_count(0)
-
-            # A forged decision without the CSRF token changes nothing.
-            status = page.evaluate(
-                "async (id) => (await fetch(`/console/approvals/${id}/approve`,"
-                " {method: 'POST'})).status",
-                delete_approval,
-            )
-            assert status == 403
-        finally:
-            browser.close()
+        # A forged decision without the CSRF token changes nothing.
+        status = page.evaluate(
+            "async (id) => (await fetch(`/console/approvals/${id}/approve`,"
+            " {method: 'POST'})).status",
+            delete_approval,
+        )
+        assert status == 403
 
     refund_key = _idempotency_key(engine, refund_turn)
     assert effects_for(engine, refund_key) == 1

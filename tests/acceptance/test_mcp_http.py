@@ -4,10 +4,8 @@ and the gateway served with ``--http``, read by the SDK's own HTTP client."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,34 +22,13 @@ from callgate.ops.lab.chaos.services import free_port
 from callgate.tools.registry import ExecutionContext
 from callgate.worker import aio, runtime
 from callgate.worker.mcp import hub
-from tests.acceptance.mcp_world import HERE
-
-
-def _wait_for_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"nothing listens on {port}")
+from tests.acceptance.mcp_world import recording_http_server, wait_for_port
 
 
 @pytest.fixture
 def http_server(tmp_path: Path) -> Iterator[tuple[int, Path]]:
-    port = free_port()
-    record = tmp_path / "received.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "mcp_recording_server.py"), "--http", str(port)],
-        env={"RECORD_FILE": str(record), "PATH": "/usr/bin:/bin"},
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        _wait_for_port(port)
-        yield port, record
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with recording_http_server(tmp_path) as server:
+        yield server
 
 
 def test_an_http_server_s_tools_are_discovered_and_called(
@@ -136,7 +113,7 @@ def test_the_gateway_over_http_lists_the_principal_s_tools(
             return names, 0
 
     try:
-        _wait_for_port(port)
+        wait_for_port(port)
         names, code = anyio.run(main)
     finally:
         gateway.terminate()

@@ -11,10 +11,6 @@ in-memory exporter.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,18 +18,16 @@ from typing import Any
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
 from callgate.core.errors import ToolError
 from callgate.core.settings import Settings
-from callgate.ops.lab.chaos.services import free_port
 from callgate.tools.registry import ExecutionContext, Registry, Tool
 from callgate.worker import aio
 from callgate.worker.mcp import hub
-from tests.acceptance.mcp_world import HERE, World, make_world
+from tests.acceptance.mcp_world import World, make_world, recording_http_server
 
 CTX = ExecutionContext(
     tenant_id="t",
@@ -56,17 +50,6 @@ def tools(world: World) -> Iterator[dict[str, Tool]]:
     registry, _ = hub.with_mcp_tools(Registry({}), settings)
     yield dict(registry.tools)
     hub.close_all()
-
-
-@pytest.fixture
-def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
-    """A provider for this test only (the global one is put back after)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
-    yield exporter
-    provider.shutdown()
 
 
 def _deliver(tool: Tool, args: dict[str, Any]) -> Any:
@@ -202,28 +185,10 @@ def test_without_a_provider_no_trace_context_is_sent(tools: dict[str, Tool], wor
     assert "traceparent" not in (received["meta"] or {})
 
 
-def _wait_for_port(port: int, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"nothing listens on {port}")
-
-
 def test_over_http_the_span_names_the_server_and_the_session(
     tmp_path: Path, exported: InMemorySpanExporter
 ) -> None:
-    port = free_port()
-    record = tmp_path / "received.jsonl"
-    server = subprocess.Popen(
-        [sys.executable, str(HERE / "mcp_recording_server.py"), "--http", str(port)],
-        env={"RECORD_FILE": str(record), "PATH": "/usr/bin:/bin"},
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        _wait_for_port(port)
+    with recording_http_server(tmp_path) as (port, record):
         config = tmp_path / "mcp.json"
         config.write_text(
             json.dumps({"mcpServers": {"web": {"url": f"http://127.0.0.1:{port}/mcp"}}})
@@ -235,9 +200,6 @@ def test_over_http_the_span_names_the_server_and_the_session(
             _deliver(registry.tools["web__echo"], {"text": "two"})
         finally:
             hub.shared(hub.mcp_config.load(str(config)), None).close()
-    finally:
-        server.terminate()
-        server.wait(10)
 
     # (the SDK traces the session's own initialize and tools/list: not callgate's requests)
     spans = [s for s in _client_spans(exported) if s.name == "tools/call echo"]

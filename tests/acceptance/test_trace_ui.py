@@ -36,12 +36,12 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from callgate.observe import tracing
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
+from tests.acceptance import browser
+from tests.acceptance.browser import TIMEOUT_MS
 from tests.acceptance.conftest import SUPPORT_A, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PHOENIX = REPO / ".venv-traceui" / "bin" / "phoenix"
-CHROMIUM = "/usr/bin/chromium"
-TIMEOUT_MS = 60_000  # a loaded machine starves the browser and Phoenix alike
 STAGES = {
     tracing.QUEUE_WAIT,
     tracing.GATE,
@@ -146,9 +146,8 @@ def test_one_turn_s_trace_in_phoenix_s_ui(
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
 ) -> None:
-    if not Path(CHROMIUM).exists():
-        pytest.fail(f"Debian's chromium is required at {CHROMIUM} (.ci/run installs it)")
-    from playwright.sync_api import expect, sync_playwright
+    browser.require_chromium()
+    from playwright.sync_api import expect
 
     # The application's own provider, for this test only.
     provider = TracerProvider(resource=Resource.create({"service.name": "the-agent"}))
@@ -214,31 +213,21 @@ def test_one_turn_s_trace_in_phoenix_s_ui(
     assert all(p is None or p in parent for p in parent.values())
 
     shot = tmp_path / "trace.png"
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(
-            executable_path=CHROMIUM,
-            headless=True,
-            args=["--no-sandbox", "--disable-dev-shm-usage", "--disable-gpu"],
-        )
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.set_default_timeout(TIMEOUT_MS)
-            # Phoenix's own link from an OTel trace id to the trace's page.
-            page.goto(f"{phoenix.url}/redirects/traces/{trace_id}")
-            page.wait_for_url(f"**/traces/{trace_id}**")
-            for name in ("agent run", "callgate.submit", "execute_tool get_weather"):
-                expect(page.get_by_text(name, exact=True).first).to_be_visible(timeout=TIMEOUT_MS)
-            # Room for the tree's nested names: the trace's drawer over most of the page,
-            # and the tree a wider share of it.
-            _drag(page, page.get_by_role("separator", name="Resize drawer"), -60)
-            _drag(page, page.locator("[role=separator][aria-controls=trace-tree]"), 160)
-            # The weather call selected: its attributes beside the tree.
-            page.get_by_text("execute_tool get_weather", exact=True).first.click()
-            expect(page.get_by_text("gen_ai.tool.call.id").first).to_be_visible(timeout=TIMEOUT_MS)
-            page.get_by_text("agent run", exact=True).first.evaluate("e => e.scrollIntoView()")
-            page.screenshot(path=str(shot))
-        finally:
-            browser.close()
+    with browser.page(1400, 900) as page:
+        # Phoenix's own link from an OTel trace id to the trace's page.
+        page.goto(f"{phoenix.url}/redirects/traces/{trace_id}")
+        page.wait_for_url(f"**/traces/{trace_id}**")
+        for name in ("agent run", "callgate.submit", "execute_tool get_weather"):
+            expect(page.get_by_text(name, exact=True).first).to_be_visible(timeout=TIMEOUT_MS)
+        # Room for the tree's nested names: the trace's drawer over most of the page,
+        # and the tree a wider share of it.
+        _drag(page, page.get_by_role("separator", name="Resize drawer"), -60)
+        _drag(page, page.locator("[role=separator][aria-controls=trace-tree]"), 160)
+        # The weather call selected: its attributes beside the tree.
+        page.get_by_text("execute_tool get_weather", exact=True).first.click()
+        expect(page.get_by_text("gen_ai.tool.call.id").first).to_be_visible(timeout=TIMEOUT_MS)
+        page.get_by_text("agent run", exact=True).first.evaluate("e => e.scrollIntoView()")
+        page.screenshot(path=str(shot))
     assert shot.stat().st_size > 0
     if target := os.environ.get("TRACE_SCREENSHOT"):
         shutil.copyfile(shot, target)

@@ -9,14 +9,12 @@ import asyncio
 import json
 import random
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 import redis
 from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 from sqlalchemy import Engine, text
@@ -38,16 +36,6 @@ SUPPORT = {
     "roles": ["support"],
 }
 REFUND = {"order_id": "O-17", "amount": 1200, "currency": "KRW"}
-
-
-@pytest.fixture
-def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
-    yield exporter
-    provider.shutdown()
 
 
 def _settings(database_url: str, redis_url: str, queue_name: str, **extra: str) -> Settings:

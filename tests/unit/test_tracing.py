@@ -11,31 +11,16 @@ import os
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from opentelemetry import trace
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 
 import callgate
 from callgate.core import logs
 from callgate.core.errors import ErrorCode, InputError, ServiceUnavailable
 from callgate.observe import tracing
-
-
-@pytest.fixture
-def exported(monkeypatch: pytest.MonkeyPatch) -> Iterator[InMemorySpanExporter]:
-    """A provider for this test only (the global one is put back after)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(trace, "_TRACER_PROVIDER", provider)
-    yield exporter
-    provider.shutdown()
 
 
 def _deliver(trace_context: dict[str, str] | None, *, fail: str | None = None) -> None:
