@@ -20,7 +20,7 @@ import shutil
 import signal
 import socket
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -135,6 +135,16 @@ def phoenix(tmp_path: Path) -> Iterator[Phoenix]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture
+def database_url(make_own_database: Callable[[], str]) -> str:
+    """A database of its own. On the shared one, the stack's sweeper and relayer carry other
+    tests' leftover calls and outbox rows, with the trace contexts stored with their turns,
+    into Phoenix: its traces list then shows a foreign ``execute_tool get_weather`` root
+    under the drawer, which the page's first match found (seen when this test ran after the
+    other tracing tests in one session)."""
+    return make_own_database()
 
 
 # Phoenix's start (~10 s idle), the turn and a browser: room on a loaded machine.
