@@ -34,7 +34,7 @@ from callgate.ops.lab.chaos.services import free_port
 from callgate.ops.stack import Stack, wait_for_workers
 from tests.acceptance.api_server import engine, env, make_key
 from tests.acceptance.conftest import callgate, scalar
-from tests.acceptance.test_mcp_http import _wait_for_port
+from tests.acceptance.mcp_world import wait_for_port
 
 __all__ = ["engine", "env"]  # fixtures, for pytest
 
@@ -94,7 +94,7 @@ def gateway(env: dict[str, str], tmp_path: Path) -> Iterator[Callable[..., Gatew
         )
         gw = Gateway(proc, port)
         started.append(gw)
-        _wait_for_port(port, timeout=60)
+        wait_for_port(port, timeout=60)
         return gw
 
     yield start
