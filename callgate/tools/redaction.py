@@ -8,7 +8,10 @@ on what base64- or URL-encoded text decodes to. callgate keeps its own rules on 
 names that say "secret" (``pwd``, ``auth``, ``key``, ``pin``…, also as the name of a
 name/value pair), inline ``name=value`` text, headers, URL credentials, token prefixes the
 library does not know, private key blocks without an END line, and stack traces (cut whole:
-the header that names the exception and carries its message goes with the frames).
+the header that names the exception and carries its message goes with the frames). Card
+numbers, US SSNs/ITINs and IBANs that pass their standard's check go too
+(``redaction_numbers``), and JSON inside a string (encoded twice, or in a code's string
+literal) is decoded and searched with all of these rules (``redaction_json``).
 
 Redaction errs toward hiding: a false positive costs a model one value, a false negative
 leaks a credential.
@@ -47,6 +50,9 @@ from detect_secrets.plugins.square_oauth import SquareOAuthDetector
 from detect_secrets.plugins.stripe import StripeDetector
 from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
 from detect_secrets.plugins.twilio import TwilioKeyDetector
+
+from callgate.tools.redaction_json import redact_embedded
+from callgate.tools.redaction_numbers import redact_numbers
 
 REDACTED = "[redacted]"
 STACK_REDACTED = "[stack trace redacted]"
@@ -92,11 +98,12 @@ _SECRET_NAME = re.compile(
     r"passw|passphrase|passcode|secret|credential|cookie|apikey|accesskey|privatekey|"
     r"secretkey|signingkey|encryptionkey|masterkey|sessionid|sessionkey|authori[sz]ation|"
     r"authtoken|accesstoken|refreshtoken|idtoken|csrftoken|xsrftoken|bearer|jwt|"
-    r"connectionstring|clientsecret"
+    r"connectionstring|clientsecret|cardnumber"
 )
 # Whole words of a name ("db_pwd", "cardPin", "oauth_token").
 _SECRET_WORDS = frozenset(
     {"pwd", "pw", "pass", "token", "auth", "oauth", "otp", "pin", "creds", "cred", "dsn", "sid"}
+    | {"ssn", "cvv", "cvc", "iban"}  # a person's or an account's number, whatever its shape
 )
 # "key" as the last word is a secret ("key", "access_key", "signingKey") except for these.
 _NOT_SECRET_KEYS = frozenset(
@@ -143,13 +150,18 @@ def is_secret_name(name: str) -> bool:
 
 _HEADER = re.compile(
     r"(?<![A-Za-z0-9])((?:proxy-)?authori[sz]ation|set-cookie|cookie|x-api-key|x-auth-token)"
-    r"([\"']?\s*[=:]\s*)(\"[^\"]*\"|'[^']*'|[^\n]*?)(?=\\n|\n|\"\s*[,}]|$)",
+    r"(\\*[\"']?\s*[=:]\s*)"
+    # A quoted value (its quotes escaped when it sits in a string's JSON) ends at its quote
+    # when a separator follows; any other runs to the end of its line.
+    r"((?:\\+\"[^\"]*\"|\"[^\"]*\"|'[^']*')(?=\s*[,;}\]]|\\n|\n|$)|[^\n]*?(?=\\n|\n|\"\s*[,}]|$))",
     re.IGNORECASE,
 )
-# name=value, name: value, "name": "value" — redacted when the name is a secret's.
+# name=value, name: value, "name": "value" — redacted when the name is a secret's. A value
+# already redacted is taken alone (with the quote a header's rule may leave after it), not
+# with the code or JSON that follows it.
 _ASSIGNMENT = re.compile(
-    r"(?<![A-Za-z0-9])([A-Za-z_][A-Za-z0-9_.-]{0,60})([\"']?\s*(?:=>|:=|=|:)\s*)"
-    r"(\"[^\"]*\"|'[^']*'|[^\s;,&]+)"
+    r"(?<![A-Za-z0-9])([A-Za-z_][A-Za-z0-9_.-]{0,60})(\\*[\"']?\s*(?:=>|:=|=|:)\s*)"
+    r"(\[redacted\]\"?|\\+\"[^\"]*\"|\"[^\"]*\"|'[^']*'|[^\s;,&]+)"
 )
 _STACK_ASSIGNMENT = re.compile(
     r"(?<![A-Za-z0-9])(stack(?:trace)?)(\s*[=:]\s*)[^;\n]+", re.IGNORECASE
@@ -206,7 +218,9 @@ _STACK_HEADER = re.compile(
 _STACK_HEADER_SHAPE = re.compile(r"\s*[A-Za-z_$][\w$.]*(?::\s.*|:)?\s*")
 # How far above the first frame a header is looked for (a message may run over lines).
 _STACK_HEADER_LINES = 64
-_BASE64 = re.compile(r"[A-Za-z0-9+/_-]{16,}={0,2}")
+# From 15 characters: the shortest text a rule detects (an SSN, 11 characters) encodes to 15
+# and a padding "=".
+_BASE64 = re.compile(r"[A-Za-z0-9+/_-]{15,}={0,2}")
 _URL_ENCODED = re.compile(r"[^\s\"']*%[0-9A-Fa-f]{2}[^\s\"']*")
 _CREDENTIAL_PAIR = re.compile(r"[^\s:]{1,64}:[^\s]{1,128}")
 
@@ -216,7 +230,7 @@ _CREDENTIAL_PAIR = re.compile(r"[^\s:]{1,64}:[^\s]{1,128}")
 # dashes and underscores (no separator an assignment, header, URL or key block needs; every
 # token pattern needs 15+ characters and a detector's match is only replaced from 8), and
 # ISO-8601 timestamps (no letter starts a name after a digit; no run of token characters
-# reaches 16). tests/unit/test_redaction_fast_path.py checks both against the full rules.
+# reaches 15). tests/unit/test_redaction_fast_path.py checks both against the full rules.
 _UNCHANGEABLE = re.compile(
     r"[A-Za-z0-9._-]{0,7}"
     r"|\d{4}-\d{2}-\d{2}(?:[T ]\d{2}:\d{2}(?::\d{2}(?:\.\d{1,9})?)?(?:Z|[+-]\d{2}(?::?\d{2})?)?)?"
@@ -231,10 +245,12 @@ def redact_secrets(text: str, notes: list[str] | None = None, *, strip_stacks: b
     return _redact_secrets(text, notes, strip_stacks=strip_stacks)
 
 
-def _redact_secrets(text: str, notes: list[str] | None = None, *, strip_stacks: bool = True) -> str:
+def _redact_secrets(
+    text: str, notes: list[str] | None = None, *, strip_stacks: bool = True, depth: int = 0
+) -> str:
     """The full rules (``redact_secrets`` without its fast path)."""
     notes = notes if notes is not None else []
-    cleaned, found = _secrets(text, depth=0)
+    cleaned, found = _secrets(text, depth)
     if found:
         notes.append("secret_redacted")
     if strip_stacks:
@@ -244,8 +260,18 @@ def _redact_secrets(text: str, notes: list[str] | None = None, *, strip_stacks: 
     return cleaned
 
 
+# How deep JSON inside a string inside JSON (and literals inside code) is decoded.
+_EMBEDDED_DEPTH = 4
+
+
 def _secrets(text: str, depth: int) -> tuple[str, bool]:
     found = False
+    if depth < _EMBEDDED_DEPTH:
+        text, found = redact_embedded(
+            text, tree=lambda v: _tree(v, depth + 1), inner=lambda t: _secrets(t, depth + 1)
+        )
+    text, in_numbers = redact_numbers(text, REDACTED)
+    found = found or in_numbers
 
     def sub(pattern: re.Pattern[str], repl: str | Callable[[re.Match[str]], str]) -> None:
         nonlocal text, found
@@ -434,7 +460,16 @@ def redact_value(value: Any, notes: list[str] | None = None, *, names: bool = Tr
 
     ``names=False`` for callgate's own records (trace details), whose keys are callgate's
     names (a verdict called ``authorization``), not a tool's: only text is searched there."""
-    notes = notes if notes is not None else []
+    return _redact_value(value, notes if notes is not None else [], names, 0)
+
+
+def _tree(value: Any, depth: int) -> tuple[Any, bool]:
+    """A document decoded from text, redacted as a tool's value is (its names count)."""
+    notes: list[str] = []
+    return _redact_value(value, notes, True, depth), bool(notes)
+
+
+def _redact_value(value: Any, notes: list[str], names: bool, depth: int) -> Any:
     if isinstance(value, Mapping):
         pair = names and secret_pair(value)
         out: dict[str, Any] = {}
@@ -444,15 +479,17 @@ def redact_value(value: Any, notes: list[str] | None = None, *, names: bool = Tr
                 notes.append("secret_redacted")
                 out[redact_key(name, out, notes)] = REDACTED
             else:
-                out[redact_key(name, out, notes)] = redact_value(item, notes, names=names)
+                out[redact_key(name, out, notes)] = _redact_value(item, notes, names, depth)
         return out
     if isinstance(value, list | tuple):
         if names and secret_pair(value):
             notes.append("secret_redacted")
-            return [redact_value(value[0], notes, names=names), REDACTED]
-        return [redact_value(v, notes, names=names) for v in value]
+            return [_redact_value(value[0], notes, names, depth), REDACTED]
+        return [_redact_value(v, notes, names, depth) for v in value]
     if isinstance(value, str):
-        return redact_secrets(value, notes)
+        if _UNCHANGEABLE.fullmatch(value):
+            return value
+        return _redact_secrets(value, notes, depth=depth)
     return value
 
 

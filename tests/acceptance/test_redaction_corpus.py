@@ -1,9 +1,13 @@
-"""The redaction corpus through real workers: every planted secret is searched for in every
-place a result, a failure, a trace or a log goes, and every ordinary value must survive.
+"""The redaction corpus through real workers, a real ``callgate api`` and exported spans:
+every planted secret is searched for in every place a result, a failure, a trace, a span or
+a log goes, and every ordinary value must survive.
 
 Places: ``collect --json``; the tool-result message of all five provider surfaces; the
 ``calls.result`` and ``operations.result`` columns; the outbox payload; the Redis result
-stream; ``trace_events.detail``; ``callgate trace`` (table and JSON); the workers' logs.
+stream; the API's results; ``trace_events.detail``; ``callgate trace`` (table and JSON); the
+API's trace; the spans every process exported over OTLP/HTTP, with the call's arguments
+recorded (``CALLGATE_TRACE_ARGUMENTS=redacted``); the workers' and the API's logs. The turn
+is submitted through the API, as an application would.
 
 Counts are per (plant, place): ``leaked`` (a marker of the plant is there), ``redacted`` (none
 is), and ``over_redacted`` (an ordinary value is missing where it should be). With
@@ -12,14 +16,21 @@ is), and ``over_redacted`` (an ordinary value is missing where it should be). Wi
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
+import threading
 import uuid
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
+    ExportTraceServiceRequest,
+    ExportTraceServiceResponse,
+)
 from sqlalchemy import Engine, text
 
 from callgate.core.settings import Settings
@@ -27,7 +38,8 @@ from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
 from callgate.producer.adapters import SURFACES
 from callgate.queue import transport
-from tests.acceptance.conftest import SUPPORT_A, callgate
+from tests.acceptance.api_server import ApiServer, make_key, start_api
+from tests.acceptance.conftest import SUPPORT_A, callgate, wait_until
 from tests.acceptance.corpus_tools import CORPUS
 from tests.redaction_corpus import Plant
 
@@ -43,13 +55,79 @@ MODEL_FACING = (
     "operations.result",
     "outbox.payload",
     "redis.stream",
+    "api results",
 )
-TRACE = ("trace_events.detail", "callgate trace")
+TRACE = ("trace_events.detail", "callgate trace", "api trace")
+SPANS = "spans"
+# The call whose arguments carry the argument plants. It names fields corpus_values does not
+# take, so the gate refuses it; its span records the arguments before the gate runs.
+ARGS_CALL = "args"
+
+
+class SpanReceiver(ThreadingHTTPServer):
+    """An OTLP/HTTP trace receiver keeping each span's name and string attributes."""
+
+    def __init__(self) -> None:
+        super().__init__(("127.0.0.1", 0), _ReceiverHandler)
+        self.spans: list[tuple[str, dict[str, str]]] = []
+        self.lock = threading.Lock()
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/v1/traces"
+
+    def received(self) -> list[tuple[str, dict[str, str]]]:
+        with self.lock:
+            return list(self.spans)
+
+
+class _ReceiverHandler(BaseHTTPRequestHandler):
+    server: SpanReceiver
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        if self.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        request = ExportTraceServiceRequest.FromString(body)
+        spans = [
+            (s.name, {a.key: a.value.string_value for a in s.attributes})
+            for resource in request.resource_spans
+            for scope in resource.scope_spans
+            for s in scope.spans
+        ]
+        with self.server.lock:
+            self.server.spans.extend(spans)
+        reply = ExportTraceServiceResponse().SerializeToString()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
 
 
 @pytest.fixture
-def corpus_env(service_env: dict[str, str]) -> dict[str, str]:
-    return {**service_env, "CALLGATE_TOOLS": TOOLS, "CALLGATE_LOG_LEVEL": "INFO"}
+def receiver() -> Iterator[SpanReceiver]:
+    server = SpanReceiver()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def corpus_env(service_env: dict[str, str], receiver: SpanReceiver) -> dict[str, str]:
+    return {
+        **service_env,
+        "CALLGATE_TOOLS": TOOLS,
+        "CALLGATE_LOG_LEVEL": "INFO",
+        "CALLGATE_TRACE_ARGUMENTS": "redacted",
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT": receiver.endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",
+    }
 
 
 @pytest.fixture
@@ -76,13 +154,29 @@ def _calls() -> list[dict[str, Any]]:
         {"call_id": name, "tool_name": f"corpus_{name}", "arguments": {}}
         for name in ("schema", "audit", "crash", "lookup")
     ]
+    calls.append(
+        {"call_id": ARGS_CALL, "tool_name": "corpus_values", "arguments": CORPUS.arguments}
+    )
     return calls
 
 
 def _places(
-    turn_id: str, env: dict[str, str], engine: Engine, stack: Stack, log_path: Path
+    turn_id: str,
+    env: dict[str, str],
+    engine: Engine,
+    stack: Stack,
+    log_path: Path,
+    api: tuple[ApiServer, str],
+    receiver: SpanReceiver,
 ) -> dict[str, str]:
     places: dict[str, str] = {}
+    server, key = api
+    with server.client(key) as http:
+        results = http.get(f"/v1/turns/{turn_id}/results")
+        trace = http.get(f"/v1/calls/{turn_id}/trace")
+    assert results.status_code == trace.status_code == 200, results.text + trace.text
+    places["api results"] = results.text
+    places["api trace"] = trace.text
     out = callgate("collect", turn_id, "--json", "--timeout", "30", env=env)
     assert out.returncode == 0, out.stderr
     places["collect --json"] = out.stdout
@@ -118,8 +212,11 @@ def _places(
     as_json = callgate("trace", turn_id, "--json", env=env)
     assert table.returncode == 0 and as_json.returncode == 0, table.stderr + as_json.stderr
     places["callgate trace"] = table.stdout + as_json.stdout
-    stack.stop()  # every worker has flushed its last log line
+    stack.stop()  # every worker has flushed its last log line and its last spans
     places["worker logs"] = log_path.read_text(errors="replace")
+    server.stop()
+    places["api logs"] = server.stderr()
+    places[SPANS] = json.dumps(receiver.received())
     return places
 
 
@@ -132,10 +229,11 @@ def count(places: dict[str, str]) -> dict[str, Any]:
 
     A leak is counted for any planted secret found anywhere. ``redacted`` counts the plants
     that flow to a place unredacted if nothing stops them (results and failures to the
-    model-facing places, audit ids to the trace, exception texts to the logs) and are not
-    there; ``over_redacted`` the ordinary values missing where they should be.
+    model-facing places, audit ids to the trace, a call's arguments to its span, exception
+    texts to the workers' logs) and are not there; ``over_redacted`` the ordinary values
+    missing where they should be.
     """
-    secrets = [*CORPUS.plants, *CORPUS.audit_plants, *CORPUS.log_plants]
+    secrets = [*CORPUS.plants, *CORPUS.audit_plants, *CORPUS.log_plants, *CORPUS.argument_plants]
     report: dict[str, Any] = {"places": {}, "leaks": [], "over_redactions": []}
     for name, content in places.items():
         leaked = {p.id for p in secrets if _leaked(p, content)}
@@ -143,8 +241,12 @@ def count(places: dict[str, str]) -> dict[str, Any]:
             exposed, expected = [*CORPUS.plants, *CORPUS.audit_plants], CORPUS.ordinary
         elif name in TRACE:
             exposed, expected = CORPUS.audit_plants, CORPUS.audit_ordinary
-        else:
+        elif name == SPANS:
+            exposed, expected = CORPUS.argument_plants, CORPUS.argument_ordinary
+        elif name == "worker logs":
             exposed, expected = CORPUS.log_plants, []
+        else:
+            exposed, expected = [], []
         missing = [p.id for p in expected if not _leaked(p, content)]
         report["places"][name] = {
             "leaked": len(leaked),
@@ -164,29 +266,73 @@ def count(places: dict[str, str]) -> dict[str, Any]:
 
 
 def test_no_planted_secret_reaches_any_place_and_ordinary_values_survive(
-    corpus_env: dict[str, str], corpus_stack: Stack, engine: Engine, tmp_path: Path
+    corpus_env: dict[str, str],
+    corpus_stack: Stack,
+    engine: Engine,
+    receiver: SpanReceiver,
+    tmp_path: Path,
 ) -> None:
-    producer = Producer.from_env(Settings.from_env(corpus_env))
+    server = start_api(corpus_env)
     try:
-        turn = producer.submit(_calls(), SUPPORT_A)
-        collected = producer.collect(turn.turn_id, timeout=60)
+        # The key of SUPPORT_A's principal: the API records the turn for it.
+        key = make_key(corpus_env, "tenant-a", "user-17", "support")["key"]
+        with server.client(key) as http:
+            submitted = http.post("/v1/turns", json=_calls())
+            assert submitted.status_code == 200, submitted.text
+            turn_id = submitted.json()["turn_id"]
+            doc = _api_results(http, turn_id)
+        statuses = {r["call_id"]: r["status"] for r in doc["results"]}
+
+        def spans_of_every_call() -> bool:
+            tools = [a for n, a in receiver.received() if n.startswith("execute_tool ")]
+            return {a.get("callgate.turn_id") for a in tools} == {turn_id} and len(
+                {a["gen_ai.tool.call.id"] for a in tools}
+            ) == len(statuses)
+
+        wait_until(spans_of_every_call, timeout=30, what="an execute_tool span of every call")
+        places = _places(
+            turn_id,
+            corpus_env,
+            engine,
+            corpus_stack,
+            tmp_path / "stack.log",
+            (server, key),
+            receiver,
+        )
     finally:
-        producer.close()
-    assert collected.complete, collected.pending
-    places = _places(turn.turn_id, corpus_env, engine, corpus_stack, tmp_path / "stack.log")
-    assert len(places) == 13  # the eleven places, with all five provider surfaces
+        server.stop()
+    # The eleven places, with all five provider surfaces, the API's results and trace, the
+    # spans and the API's logs.
+    assert len(places) == 17
+    # The span really recorded the arguments: redacted, not left out.
+    (recorded,) = [
+        a["gen_ai.tool.call.arguments"]
+        for n, a in receiver.received()
+        if n == "execute_tool corpus_values" and a["gen_ai.tool.call.id"] == ARGS_CALL
+    ]
+    assert set(json.loads(recorded)) == set(CORPUS.arguments)
     report = count(places)
     summary = json.dumps(report["totals"]) + "\n" + json.dumps(report["places"], indent=1)
     print(summary)
     if path := os.environ.get("CALLGATE_TEST_CORPUS_REPORT"):
         Path(path).write_text(json.dumps(report, indent=1))
     # The corpus reached the workers: the statuses are what the tools meant.
-    statuses = {r.call_id: r.status for r in collected.results}
+    assert statuses[ARGS_CALL] == "failed_terminal"
     assert statuses["crash"] == "failed_terminal" and statuses["lookup"] == "failed_retryable"
     assert all(statuses[f"fail-{p}"] == "failed_terminal" for p in CORPUS.failures)
     assert all(statuses[f"values-{p}"] == "succeeded" for p in CORPUS.results)
     assert report["totals"]["leaked"] == 0, "\n".join(report["leaks"][:60])
     assert report["totals"]["over_redacted"] == 0, "\n".join(report["over_redactions"][:60])
+
+
+def _api_results(http: Any, turn_id: str) -> dict[str, Any]:
+    for _ in range(12):
+        resp = http.get(f"/v1/turns/{turn_id}/results", params={"wait": 10})
+        assert resp.status_code == 200, resp.text
+        doc: dict[str, Any] = resp.json()
+        if doc["complete"]:
+            return doc
+    raise AssertionError(f"turn {turn_id} never completed: {doc}")
 
 
 def _run(env: dict[str, str], calls: list[dict[str, Any]]) -> tuple[str, dict[str, Any]]:

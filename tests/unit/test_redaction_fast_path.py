@@ -1,16 +1,19 @@
 """The redactor's fast path (short plain runs, ISO-8601 timestamps) and its cache of clean
 dict keys change nothing: what they let through, the full rules let through unchanged and
-unremarked."""
+unremarked. And a string with no candidate for a card, an SSN, an IBAN or a JSON document
+pays for no check digit and no JSON decode."""
 
 from __future__ import annotations
 
 import string
 from datetime import datetime
+from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from callgate.tools import redaction
+from callgate.tools import redaction, redaction_json, redaction_numbers
 
 PLAIN = string.ascii_letters + string.digits + "._-"
 
@@ -58,7 +61,16 @@ def test_timestamps_are_left_alone_by_the_full_rules(text: str) -> None:
 
 
 def test_the_fast_path_lets_nothing_through_that_the_rules_catch() -> None:
-    for secret in ["xoxb-1-abc", "pwd=hunter2", "AKIAABCDEFGHIJKLMNOP", "sk-abcdefghijklmn"]:
+    for secret in [
+        "xoxb-1-abc",
+        "pwd=hunter2",
+        "AKIAABCDEFGHIJKLMNOP",
+        "sk-abcdefghijklmn",
+        "4111111111111111",
+        "123-45-6789",
+        "DE89370400440532013000",
+        '{"name": "token", "value": "x"}',
+    ]:
         assert not redaction._UNCHANGEABLE.fullmatch(secret)
         assert redaction.redact_secrets(secret) != secret
 
@@ -73,3 +85,49 @@ def test_a_key_is_cached_only_when_the_rules_found_it_clean() -> None:
     # A cached key is answered the same way the rules answered it.
     assert redaction.redact_key("observed_at", {}, notes) == "observed_at"
     assert notes == ["secret_redacted"]
+
+
+# What a typical result's strings look like: none holds a candidate for a card, an SSN, an
+# IBAN or a JSON document, so none pays for a check digit or a JSON decode.
+ORDINARY = [
+    "ORD-2024-000123",
+    "order O-17 shipped to Seoul at 2024-05-01T10:20:30Z for $19.99",
+    "3f2b9c1e-8a7d-4e6f-9b0a-1c2d3e4f5a6b",
+    "9fceb02d0ae598e95dc970b74767f19372d61af8",
+    "1,299.00 KRW",
+    "+82 10-1234-5678",
+    "1715000000000",
+    "refund of 12000 KRW approved [ticket 42] {see notes}",
+    'Alice\'s order, "quoted" once',
+]
+
+
+def test_only_candidates_pay_for_a_check_or_a_decode(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def counted(name: str, real: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        return wrapper
+
+    for module, attr in [
+        (redaction_numbers.luhn, "checksum"),
+        (redaction_numbers.iban, "is_valid"),
+        (redaction_numbers.ssn, "is_valid"),
+        (redaction_numbers.itin, "is_valid"),
+    ]:
+        monkeypatch.setattr(module, attr, counted(attr, getattr(module, attr)))
+    decoder = redaction_json._DECODER
+    monkeypatch.setattr(decoder, "raw_decode", counted("raw_decode", decoder.raw_decode))
+    monkeypatch.setattr(decoder, "decode", counted("decode", decoder.decode))
+
+    for text in ORDINARY:
+        assert redaction.redact_secrets(text) == text
+    assert calls == []
+    # The same counters hear a candidate of each kind.
+    for text in ["4111 1111 1111 1111", "123-45-6789", "GB82 WEST 1234 5698 7654 32"]:
+        assert redaction.redact_secrets(text) == "[redacted]"
+    redaction.redact_secrets('{"name": "token", "value": "x"}')
+    assert sorted(set(calls)) == ["checksum", "is_valid", "raw_decode"]
