@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 import math
 import re
 from collections.abc import Mapping
 from typing import Any
 
+from PIL import GifImagePlugin, ImageFile, JpegImagePlugin, PngImagePlugin
 from pydantic import ValidationError
 
 from callgate.core.errors import CallgateError
@@ -102,15 +104,42 @@ def bounded_value(value: Any, limits: ResultLimits, notes: list[str], depth: int
 
 # An image in a result: ``{"mime_type": "image/png", "data_base64": "…"}``. Its data is
 # not text, so the text rules (which would take a long base64 run for a token) do not apply;
-# instead it passes only when it decodes, its first bytes are the declared format's, and it
-# fits the tool's ``max_image_bytes``. Anything else under that key is withheld (None).
+# instead it passes only when it decodes, fits the tool's ``max_image_bytes``, and is what
+# it says it is (``image_type``). Anything else under that key is withheld (None).
 IMAGE_TYPE = "mime_type"
 IMAGE_DATA = "data_base64"
-IMAGE_MAGIC = {
-    "image/png": (b"\x89PNG\r\n\x1a\n",),
-    "image/jpeg": (b"\xff\xd8\xff",),
-    "image/gif": (b"GIF87a", b"GIF89a"),
+# A header claiming more than this on a side is a decompression bomb for whoever renders
+# it, and larger than any model's image input.
+MAX_IMAGE_SIDE = 16_384
+_IMAGE_FORMATS: dict[str, tuple[tuple[bytes, ...], type[ImageFile.ImageFile]]] = {
+    "image/png": ((b"\x89PNG\r\n\x1a\n",), PngImagePlugin.PngImageFile),
+    "image/jpeg": ((b"\xff\xd8\xff",), JpegImagePlugin.JpegImageFile),
+    "image/gif": ((b"GIF87a", b"GIF89a"), GifImagePlugin.GifImageFile),
 }
+
+
+def image_type(raw: bytes) -> str | None:
+    """The MIME type of the PNG, JPEG or GIF image ``raw`` is; None for anything else.
+
+    Pillow's decoder for the format its first bytes name reads the header (a PNG's chunks
+    are checked against their CRCs up to IEND), and both sides must be within
+    ``MAX_IMAGE_SIDE``: a signature followed by anything else (HTML, say) is not an image.
+    The pixels are never decoded here, outside any sandbox. Pure: bytes in memory."""
+    for mime, (magic, decoder) in _IMAGE_FORMATS.items():
+        if raw.startswith(magic):
+            return mime if _reads_as(decoder, raw) else None
+    return None
+
+
+def _reads_as(decoder: type[ImageFile.ImageFile], raw: bytes) -> bool:
+    try:
+        with decoder(io.BytesIO(raw)) as image:
+            width, height = image.size
+            if isinstance(image, PngImagePlugin.PngImageFile):
+                image.verify()
+    except Exception:  # whatever a decoder raises on untrusted bytes means "not an image"
+        return False
+    return 0 < width <= MAX_IMAGE_SIDE and 0 < height <= MAX_IMAGE_SIDE
 
 
 def image_data(value: Mapping[str, Any], limits: ResultLimits, notes: list[str]) -> str | None:
@@ -118,8 +147,7 @@ def image_data(value: Mapping[str, Any], limits: ResultLimits, notes: list[str])
     data, kind = value.get(IMAGE_DATA), value.get(IMAGE_TYPE)
     if not isinstance(kind, str) or IMAGE_DATA not in value:
         return None
-    magic = IMAGE_MAGIC.get(kind)
-    if not isinstance(data, str) or magic is None or limits.max_image_bytes <= 0:
+    if not isinstance(data, str) or kind not in _IMAGE_FORMATS or limits.max_image_bytes <= 0:
         notes.append("image_withheld")
         return None
     if len(data) > (limits.max_image_bytes + 2) // 3 * 4 + 4:
@@ -130,7 +158,7 @@ def image_data(value: Mapping[str, Any], limits: ResultLimits, notes: list[str])
     except (binascii.Error, ValueError):
         notes.append("image_withheld")
         return None
-    if len(raw) > limits.max_image_bytes or not raw.startswith(magic):
+    if len(raw) > limits.max_image_bytes or image_type(raw) != kind:
         notes.append("image_withheld")
         return None
     return data

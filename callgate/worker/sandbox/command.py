@@ -34,6 +34,28 @@ BASE_ENV = {
 # The top-level names a merged-/usr system links into /usr, as the host has them.
 ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 REPORT_VALUE_CHARS = 2_000
+# /dev is built by hand rather than with bwrap's --dev, whose tmpfs is writable and as large
+# as half the host's memory, and holds a pty multiplexer: the devices Python uses, bound from
+# the host, the usual links, a sized /dev/shm, and the rest read-only.
+DEVICES = ("null", "zero", "full", "random", "urandom")
+DEV_LINKS = {
+    "fd": "/proc/self/fd",
+    "stdin": "/proc/self/fd/0",
+    "stdout": "/proc/self/fd/1",
+    "stderr": "/proc/self/fd/2",
+}
+DEV_BYTES = 64 * 1024  # holds only mount points and links; read-only once built
+# Global /proc files that tell about the host rather than the run: kernel symbols and
+# configuration, the boot command line, modules, the physical memory map and allocator
+# state, the host's devices, disks and interrupts. Each one this kernel has that others may
+# read is covered with the host's /dev/null, bound without device access, so opening it
+# fails (EACCES); those only root may read are unreadable inside already. Each is a mount
+# at start-up, hence a short list.
+HIDDEN_PROC = (
+    "kallsyms", "config.gz", "cmdline", "modules", "iomem", "zoneinfo", "buddyinfo",
+    "pagetypeinfo", "timer_list", "sched_debug", "misc", "devices", "partitions",
+    "diskstats", "interrupts",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -48,6 +70,8 @@ class View:
     # Host links such as /lib → usr/lib, recreated inside; real folders are bound.
     links: Mapping[str, str] = field(default_factory=dict)
     folders: tuple[str, ...] = ()
+    # Names under /proc to cover: those of HIDDEN_PROC this kernel has and others may read.
+    hidden_proc: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -95,13 +119,23 @@ def argv(
         box += ["--ro-bind", str(root), str(root)]
     for name, path in sorted(view.site.items()):
         box += ["--ro-bind", str(path), f"{SITE}/{name}"]
+    box += ["--proc", "/proc"]  # this pid namespace's own
+    for name in view.hidden_proc:
+        box += ["--ro-bind", "/dev/null", f"/proc/{name}"]
+    box += ["--size", str(DEV_BYTES), "--tmpfs", "/dev"]
+    for name in DEVICES:
+        box += ["--dev-bind", f"/dev/{name}", f"/dev/{name}"]
+    for name, target in DEV_LINKS.items():
+        box += ["--symlink", target, f"/dev/{name}"]
     box += [
-        "--proc",
-        "/proc",  # this pid namespace's own
-        "--dev",
-        "/dev",
         "--size",
-        str(limits.scratch_bytes),
+        str(limits.shm_bytes),
+        "--tmpfs",
+        "/dev/shm",  # POSIX semaphores (multiprocessing's locks) and shared memory
+        "--remount-ro",
+        "/dev",  # that mount alone: /dev/shm below it stays writable
+        "--size",
+        str(limits.scratch_bytes - limits.shm_bytes),
         "--tmpfs",
         SCRATCH,
         "--size",

@@ -16,6 +16,8 @@ from dataclasses import dataclass, fields
 from callgate.core.errors import ConfigurationError, ErrorCode
 
 MiB = 1 << 20
+# The longest snippet ``run_python`` accepts, in characters (at most 4 UTF-8 bytes each).
+CODE_CHARS = 100_000
 
 
 @dataclass(frozen=True)
@@ -28,7 +30,8 @@ class Limits:
     max_processes: int = 32  # RLIMIT_NPROC: processes and threads of the sandbox's user
     max_file_bytes: int = 16 * MiB  # RLIMIT_FSIZE: the largest file it may write
     max_open_files: int = 64  # RLIMIT_NOFILE
-    scratch_bytes: int = 64 * MiB  # the size of the /tmp tmpfs (the scratch folder)
+    scratch_bytes: int = 64 * MiB  # /tmp and /dev/shm together, each a tmpfs of fixed size
+    shm_bytes: int = 1 * MiB  # of scratch_bytes, the part that is /dev/shm
     output_bytes: int = 64 * 1024  # stdout and stderr, each
     output_files: int = 8  # files collected from /output
     output_file_bytes: int = 4 * MiB  # their total size (and the /output tmpfs)
@@ -46,6 +49,50 @@ class Limits:
                 f"sandbox limit memory_bytes={self.memory_bytes} is below 64 MiB: the "
                 "interpreter alone does not start in less"
             )
+        if self.shm_bytes >= self.scratch_bytes:
+            raise ConfigurationError(
+                f"sandbox limit shm_bytes={self.shm_bytes} must be less than scratch_bytes="
+                f"{self.scratch_bytes}: /dev/shm is carved out of the scratch space, /tmp "
+                "gets the rest"
+            )
+
+
+def report_bytes(limits: Limits) -> int:
+    """The most the worker reads of a run's report: the files in base64, a line per file
+    and the first line."""
+    return limits.output_file_bytes * 4 // 3 + 512 * limits.output_files + 16_384
+
+
+# Once the seccomp filter has left a run only Unix sockets and pipes of the default size,
+# the most kernel memory one descriptor can hold: a Unix socket's send buffer (SO_SNDBUF
+# at most net.core.wmem_max, 212,992 bytes unless raised, doubled by the kernel) and one
+# message past it, at most half of it again. A pipe holds 64 KiB.
+DESCRIPTOR_BYTES = 3 * 212_992
+# Per task: its kernel stack (16 KiB) and task structures, rounded up.
+TASK_BYTES = 64 * 1024
+
+
+def slot_memory(limits: Limits) -> dict[str, int]:
+    """The most memory one run can hold at once, term by term, in bytes; a worker holds
+    ``max_concurrent`` times their sum. Not counted: the inodes of files and folders
+    created in the tmpfs mounts (about 1 KiB each, their number bounded only by the CPU
+    time the run gets) and whatever a cgroup of your own limits further."""
+    return {
+        # RLIMIT_AS bounds each process, not their sum: anonymous memory, mapped files,
+        # shared mappings.
+        "address_space": limits.max_processes * limits.memory_bytes,
+        # Page tables (8 bytes per 4 KiB page mapped) and each task's kernel stack.
+        "kernel_per_process": limits.max_processes * (limits.memory_bytes // 512 + TASK_BYTES),
+        "scratch": limits.scratch_bytes,  # the /tmp and /dev/shm tmpfs mounts
+        "output": limits.output_file_bytes,  # the /output tmpfs
+        # bwrap copies the attached files and the snippet into the sandbox's own root.
+        "inputs": limits.input_bytes + 4 * CODE_CHARS,
+        # Every process's descriptors, and up to RLIMIT_NOFILE more in flight in Unix
+        # sockets (the kernel's cap per user).
+        "descriptors": (limits.max_processes + 1) * limits.max_open_files * DESCRIPTOR_BYTES,
+        # What the worker buffers of stdout, stderr and the report.
+        "worker": 2 * limits.output_bytes + report_bytes(limits),
+    }
 
 
 @dataclass(frozen=True)

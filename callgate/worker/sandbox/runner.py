@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from callgate.worker.sandbox import command, seccomp
-from callgate.worker.sandbox.limits import Limits, Observed
+from callgate.worker.sandbox.limits import Limits, Observed, report_bytes
 
 CHUNK = 65536
 # After every stream has closed, how long the sandbox gets to exit before it is killed.
@@ -166,8 +166,7 @@ def _watch(proc: subprocess.Popen[bytes], report_fd: int, limits: Limits, starte
     caps = {
         proc.stdout.fileno(): limits.output_bytes,
         proc.stderr.fileno(): limits.output_bytes,
-        # base64 of the files, plus a line per file and the first line.
-        report_fd: limits.output_file_bytes * 4 // 3 + 512 * limits.output_files + 16_384,
+        report_fd: report_bytes(limits),
     }
     got: dict[int, bytearray] = {fd: bytearray() for fd in caps}
     deadline = started + limits.wall_seconds

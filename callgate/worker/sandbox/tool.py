@@ -19,6 +19,7 @@ import os
 import queue
 import re
 import shutil
+import stat
 import sys
 import sysconfig
 from collections.abc import Callable, Mapping
@@ -28,6 +29,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field
 
 from callgate.core.errors import ConfigurationError, ErrorCode, ToolError
+from callgate.tools import results
 from callgate.tools.registry import (
     READ_ONLY,
     ExecutionContext,
@@ -38,7 +40,7 @@ from callgate.tools.registry import (
     Tool,
 )
 from callgate.worker.sandbox import command, packages, runner, seccomp
-from callgate.worker.sandbox.limits import Limits, limit_met
+from callgate.worker.sandbox.limits import CODE_CHARS, Limits, limit_met
 
 # The sandboxes of a root worker run as uid/gid BASE + slot, one id per concurrent slot:
 # RLIMIT_NPROC counts per user, so each sandbox gets its own process budget and a fork bomb
@@ -58,7 +60,7 @@ Inputs = Mapping[str, Path] | Callable[[ExecutionContext], Mapping[str, Path]]
 
 class RunPython(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    code: str = Field(min_length=1, max_length=100_000, description="The Python source to run.")
+    code: str = Field(min_length=1, max_length=CODE_CHARS, description="The Python source to run.")
 
 
 class RunError(BaseModel):
@@ -213,9 +215,15 @@ def _setup(
             links[top] = os.readlink(path)
         elif path.is_dir():
             folders.append(top)
+    hidden = tuple(name for name in command.HIDDEN_PROC if _readable_by_others(f"/proc/{name}"))
     return runner.Setup(
         view=command.View(
-            interpreter=exe, roots=roots, site=site, links=links, folders=tuple(folders)
+            interpreter=exe,
+            roots=roots,
+            site=site,
+            links=links,
+            folders=tuple(folders),
+            hidden_proc=hidden,
         ),
         limits=limits,
         env=env,
@@ -224,6 +232,15 @@ def _setup(
         user=user,
         seccomp=use_seccomp,
     )
+
+
+def _readable_by_others(path: str) -> bool:
+    """Whether ``path`` exists and its mode lets anyone read it: bwrap cannot cover what the
+    sandbox's new /proc does not hold, and what only root may read needs no cover."""
+    try:
+        return bool(os.stat(path).st_mode & stat.S_IROTH)
+    except OSError:
+        return False
 
 
 def _interpreter(name: str, configured: str | None, uid: int, gid: int) -> Path:
@@ -307,15 +324,16 @@ def _limit_details(code: str, message: str, done: runner.Run) -> list[dict[str, 
     return details
 
 
-_IMAGE_TYPES = ("image/png", "image/jpeg", "image/gif")
-
-
 def _result(done: runner.Run) -> dict[str, Any]:
     files = []
     for name, data in done.files:
-        mime = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        # An image by what a decoder reads, not by its name: a .png holding HTML is a file.
+        image = results.image_type(data)
+        mime = image or mimetypes.guess_type(name)[0] or "application/octet-stream"
+        if image is None and mime.startswith("image/"):
+            mime = "application/octet-stream"
         entry: dict[str, Any] = {"name": name, "mime_type": mime, "size": len(data)}
-        if mime in _IMAGE_TYPES:
+        if image is not None:
             entry["data_base64"] = base64.b64encode(data).decode()
         else:
             # Other bytes are not returned: only their name, type and size.
