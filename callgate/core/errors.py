@@ -211,9 +211,14 @@ class AccessError(CallgateError):
     code = ErrorCode.UNAUTHENTICATED
 
     def __init__(
-        self, message: str, *, code: ErrorCode | None = None, retry_after: float | None = None
+        self,
+        message: str,
+        *,
+        code: ErrorCode | None = None,
+        details: list[dict[str, Any]] | None = None,
+        retry_after: float | None = None,
     ) -> None:
-        super().__init__(message, code=code)
+        super().__init__(message, code=code, details=details)
         self.retry_after = retry_after
 
 

@@ -11,6 +11,10 @@ limits too (docs/api.md); this one holds without it.
 
 h11 is chosen explicitly (not ``auto``), so installing httptools never silently drops the
 guard.
+
+The connection under it is ``callgate.ops.http_framing.StrictConnection``: a request two
+parsers could read two ways (a bare LF, a folded header, Content-Length with chunked, a
+second Authorization) is answered 400 and the connection closed before the app sees it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from typing import Any
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from callgate.ops import http_framing
 
 log = logging.getLogger("callgate.http")
 
@@ -44,6 +50,13 @@ class HeaderTimeoutH11(H11Protocol):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        size = self.config.h11_max_incomplete_event_size or MAX_HEAD_BYTES
+        self.conn = http_framing.StrictConnection(h11.SERVER, size)
+
+    def send_400_response(self, msg: str) -> None:
+        # A problem naming the rule broken, not uvicorn's plain-text line; then hang up.
+        self.transport.write(http_framing.answer_400(self.conn))
+        self.transport.close()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)

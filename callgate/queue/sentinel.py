@@ -161,12 +161,15 @@ def connect(where: SentinelURL) -> redis.Redis:
     return client
 
 
-def connect_async(where: SentinelURL) -> redis.asyncio.Redis:
-    """``connect`` for asyncio (fan-in's stream reads)."""
+def connect_async(where: SentinelURL, *, max_connections: int | None = None) -> redis.asyncio.Redis:
+    """``connect`` for asyncio (fan-in's stream reads), its pool ``max_connections`` large
+    (None: redis-py's 100)."""
     manager = redis.asyncio.sentinel.Sentinel(
         list(where.sentinels), sentinel_kwargs=_sentinel_kwargs(where)
     )
-    client: redis.asyncio.Redis = manager.master_for(where.service, **_server_kwargs(where))
+    client: redis.asyncio.Redis = manager.master_for(
+        where.service, max_connections=max_connections, **_server_kwargs(where)
+    )
     return client
 
 

@@ -49,12 +49,15 @@ def connect(url: str) -> redis.Redis:
         ) from None
 
 
-def connect_async(url: str) -> redis.asyncio.Redis:
-    """``connect`` for asyncio: the same URLs, checks and errors."""
+def connect_async(url: str, *, max_connections: int | None = None) -> redis.asyncio.Redis:
+    """``connect`` for asyncio: the same URLs, checks and errors. ``max_connections`` sizes
+    its pool (None: redis-py's 100); a command past it fails, it does not wait."""
     if sentinel.is_sentinel(url):
-        return sentinel.connect_async(sentinel.parse(url))
+        return sentinel.connect_async(sentinel.parse(url), max_connections=max_connections)
     connect(url)  # the URL check and its error
-    return redis.asyncio.Redis.from_url(url, socket_connect_timeout=5, health_check_interval=30)
+    return redis.asyncio.Redis.from_url(
+        url, socket_connect_timeout=5, health_check_interval=30, max_connections=max_connections
+    )
 
 
 def own_client(shared: redis.Redis, *, socket_timeout: float) -> redis.Redis:

@@ -177,3 +177,108 @@ def test_connections_that_never_finish_their_headers_are_closed(
     finally:
         for s in slow:
             s.close()
+
+
+def _exchange(port: int, raw: bytes) -> tuple[bytes, bytes, bool]:
+    """Send ``raw`` exactly as written on a connection of its own; the answer's status line,
+    its body, and whether the server closed the connection after it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
+        sock.sendall(raw)
+        answer = b""
+        closed = False
+        while True:
+            head, sep, body = answer.partition(b"\r\n\r\n")
+            length = next(
+                (
+                    int(line.split(b":", 1)[1])
+                    for line in head.split(b"\r\n")[1:]
+                    if line.lower().startswith(b"content-length:")
+                ),
+                None,
+            )
+            if sep and length is not None and len(body) >= length:
+                break  # whole: see whether the server hangs up after it
+            data = sock.recv(65536)
+            if not data:
+                closed = True
+                break
+            answer += data
+        if not closed:
+            sock.settimeout(5)
+            try:
+                closed = sock.recv(1) == b""
+            except (TimeoutError, ConnectionResetError):
+                closed = False
+    head, _, body = answer.partition(b"\r\n\r\n")
+    return head.split(b"\r\n")[0], body, closed
+
+
+def _turns_of(env: dict[str, str], user: str) -> int:
+    from sqlalchemy import text
+
+    from callgate.store import db
+
+    engine = db.create(env["CALLGATE_DATABASE_URL"])
+    try:
+        with engine.connect() as conn:
+            found = conn.execute(
+                text("SELECT count(*) FROM callgate.turns WHERE user_id = :u"), {"u": user}
+            ).scalar_one()
+    finally:
+        engine.dispose()
+    return int(found)
+
+
+def test_ambiguous_http_is_refused_before_the_app_sees_it(
+    api: Callable[[dict[str, str]], ApiServer], env: dict[str, str]
+) -> None:
+    """Requests two parsers could read two ways are answered 400 and the connection closed,
+    never served by one reading: a second ``Authorization`` (the first one a valid key),
+    ``Content-Length`` beside ``Transfer-Encoding: chunked`` (a real turn in the chunked
+    body), ``Transfer-Encoding`` in HTTP/1.0, head lines ending in a bare LF, and a header
+    folded onto a continuation line. The same requests written plainly are served."""
+    import json
+
+    server = api(env)
+    key = make_key(env, "tenant-a", "user-17", "support")["key"]
+    turn = json.dumps(
+        [{"call_id": "w1", "tool_name": "get_weather", "arguments": {"city": "Seoul"}}]
+    ).encode()
+    chunked = f"{len(turn):x}\r\n".encode() + turn + b"\r\n0\r\n\r\n"
+    auth = f"Authorization: Bearer {key}".encode()
+    tools = b"GET /v1/tools HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+    submit = b"POST /v1/turns HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+    ambiguous = {
+        "two Authorization": tools + auth + b"\r\nAuthorization: Bearer cgk.x.y\r\n\r\n",
+        "Content-Length and chunked": submit
+        + auth
+        + f"\r\nContent-Length: {len(chunked)}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+        + chunked,
+        "HTTP/1.0 chunked": submit.replace(b"HTTP/1.1", b"HTTP/1.0")
+        + auth
+        + b"\r\nTransfer-Encoding: chunked\r\n\r\n"
+        + chunked,
+        "bare LF": (tools + auth + b"\r\n\r\n").replace(b"\r\n", b"\n"),
+        "one bare LF": tools + auth + b"\nAccept: */*\r\n\r\n",
+        "obs-fold": tools + auth + b"\r\nAccept: text/plain,\r\n application/json\r\n\r\n",
+    }
+    plain = {
+        "one Authorization": tools + auth + b"\r\n\r\n",
+        "chunked alone": submit + auth + b"\r\nTransfer-Encoding: chunked\r\n\r\n" + chunked,
+    }
+    for name, raw in plain.items():
+        status, body, _ = _exchange(server.port, raw)
+        assert status.startswith(b"HTTP/1.1 200"), (name, status, body)
+    assert _turns_of(env, "user-17") == 1  # the chunked submit written plainly
+
+    answered = {name: _exchange(server.port, raw) for name, raw in ambiguous.items()}
+    statuses = {name: status.decode() for name, (status, _, _) in answered.items()}
+    assert all(s.startswith("HTTP/1.1 400") for s in statuses.values()), statuses
+    for name, (_, body, closed) in answered.items():
+        problem = json.loads(body)
+        assert problem["code"] == "invalid_input" and problem["status"] == 400, (name, problem)
+        assert closed, f"{name}: the connection stayed open after the 400"
+    # Neither ambiguous submit recorded a turn.
+    assert _turns_of(env, "user-17") == 1
+    with server.client(key) as http:  # and the server still serves
+        assert http.get("/v1/tools").status_code == 200

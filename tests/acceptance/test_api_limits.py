@@ -29,7 +29,10 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
+import pytest
+from sqlalchemy import Engine
 
+from callgate.store import api_keys
 from tests.acceptance.api_server import ApiServer, api, engine, env, make_key, running
 from tests.acceptance.conftest import REFUND_O17, callgate
 
@@ -363,3 +366,204 @@ def test_a_wait_whose_client_hung_up_gives_its_slot_back(
     log = server.stderr()
     # Its log is JSON lines: no error and no traceback (a hang-up is not a fault).
     assert "Traceback" not in log and '"level": "error"' not in log, log
+
+
+POOL = 6  # CALLGATE_API_REDIS_POOL: the process takes POOL - 1 waits at once
+BOUND = POOL - 1
+KEYS, WAITS_PER_KEY = 4, 3  # 12 waits: each key well inside its own cap (10)
+WAIT = 15.0
+
+
+def _waits_of_many_keys(
+    server: ApiServer, keys: list[str], turn_id: str
+) -> tuple[threading.Thread, list[dict[str, Any]]]:
+    """``WAITS_PER_KEY`` concurrent ``wait=WAIT`` long-polls of each key on one event loop
+    in a thread; each outcome (status, problem, Retry-After, seconds taken) lands in the
+    returned list as it ends."""
+    outcomes: list[dict[str, Any]] = []
+
+    async def one(http: httpx.AsyncClient) -> None:
+        t0 = time.monotonic()
+        try:
+            resp = await http.get(f"/v1/turns/{turn_id}/results", params={"wait": WAIT})
+        except httpx.HTTPError as exc:
+            outcomes.append({"status": repr(exc)})
+            return
+        outcomes.append(
+            {
+                "status": resp.status_code,
+                "type": resp.headers.get("content-type"),
+                "body": resp.json(),
+                "retry_after": resp.headers.get("retry-after"),
+                "seconds": time.monotonic() - t0,
+            }
+        )
+
+    async def all_of_them() -> None:
+        clients = [
+            httpx.AsyncClient(
+                base_url=server.url, headers={"Authorization": f"Bearer {k}"}, timeout=90
+            )
+            for k in keys
+        ]
+        try:
+            await asyncio.gather(*(one(c) for c in clients for _ in range(WAITS_PER_KEY)))
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    thread = threading.Thread(target=asyncio.run, args=(all_of_them(),), daemon=True)
+    thread.start()
+    return thread, outcomes
+
+
+def test_waits_past_the_process_bound_are_refused_not_polled(
+    running: ApiServer, env: dict[str, str], api: Callable[[dict[str, str]], ApiServer]
+) -> None:
+    """More long-polls than one API process's Redis pool can serve, from keys each inside
+    its own cap: the process takes ``CALLGATE_API_REDIS_POOL - 1`` of them and refuses the
+    rest ``429 too_many_waits`` at once (problem+json, ``Retry-After``), another tenant's
+    long-poll too; nothing falls back to polling PostgreSQL (no "cannot reach Redis" in the
+    log); another tenant's submit and results (``wait=0``) are answered while every slot is
+    held; each accepted wait ends near its timeout and gives its slot back."""
+    server = api({**env, "CALLGATE_API_REDIS_POOL": str(POOL)})
+    keys = [
+        make_key(env, "tenant-a", "user-17", "support", rate=100, burst=200)["key"]
+        for _ in range(KEYS)
+    ]
+    b = make_key(env, "tenant-b", "user-42", "support", rate=100, burst=200)["key"]
+    turn_id = _parked_turn(server, keys[0])
+    logged_before = len(server.lines)
+
+    thread, outcomes = _waits_of_many_keys(server, keys, turn_id)
+    refused_count = KEYS * WAITS_PER_KEY - BOUND
+    deadline = time.monotonic() + 30
+    while sum(o["status"] == 429 for o in outcomes) < refused_count:
+        assert time.monotonic() < deadline, f"not refused past {BOUND} waits: {outcomes}"
+        time.sleep(0.1)
+
+    # Every slot is held: another tenant's long-poll is refused too, at once, while its
+    # submit and a results read that does not wait are served.
+    with server.client(b) as http:
+        http.timeout = httpx.Timeout(30.0)
+        weather = [{"call_id": "w1", "tool_name": "get_weather", "arguments": {"city": "Seoul"}}]
+        submitted = http.post("/v1/turns", json=weather)
+        assert submitted.status_code == 200, submitted.text
+        theirs = submitted.json()["turn_id"]
+        busy = http.get(f"/v1/turns/{theirs}/results", params={"wait": 5})
+        assert busy.status_code == 429 and busy.json()["code"] == "too_many_waits", busy.text
+        while True:
+            read = http.get(f"/v1/turns/{theirs}/results")
+            assert read.status_code == 200, read.text
+            if read.json()["complete"]:
+                break
+            assert time.monotonic() < deadline, "tenant-b's turn never completed"
+            time.sleep(0.1)
+    # ... all of it before the first accepted wait of tenant-a ended.
+    assert [o["status"] for o in outcomes].count(200) == 0, outcomes
+
+    thread.join(WAIT + 60)
+    statuses = sorted(str(o["status"]) for o in outcomes)
+    assert statuses == ["200"] * BOUND + ["429"] * refused_count, outcomes
+    for o in outcomes:
+        if o["status"] == 429:
+            assert o["type"] == "application/problem+json", o
+            assert o["body"]["code"] == "too_many_waits" and o["retry_after"], o
+            assert {"code": "wait_limit", "scope": "process", "limit": BOUND} in o["body"][
+                "details"
+            ], o
+        else:
+            # Liveness, generous for a loaded machine: a wait ends near its timeout.
+            assert o["body"]["complete"] is False and o["seconds"] < WAIT + 15, o
+    with server.client(keys[1]) as http:  # every slot was given back
+        again = http.get(f"/v1/turns/{turn_id}/results", params={"wait": 0.1})
+        assert again.status_code == 200, again.text
+
+    log = "".join(server.lines[logged_before:])
+    assert "cannot reach Redis" not in log and "Too many connections" not in log, log[-3000:]
+
+
+PROBE_WAITS = 400
+
+
+@pytest.mark.slow
+def test_many_waits_against_the_default_bound(
+    running: ApiServer, env: dict[str, str], engine: Engine
+) -> None:
+    """The probe of docs/api.md: 400 ``wait=30`` long-polls from 40 keys of one user (10
+    each, the per-key cap) against the default bound (90), while another tenant submits a
+    read and collects it (``wait=10``; on 429, ``wait=0`` until complete), over and over.
+    Asserts the counts (90 answered, 310 refused, no fall-back warning, every round of the
+    other tenant complete); prints the timings (run with -s)."""
+    server = running
+    per_key = 10
+    keys = [
+        api_keys.create(
+            engine, tenant="tenant-a", user="user-17", roles=["support"], rate=100, burst=200
+        ).key
+        for _ in range(PROBE_WAITS // per_key)
+    ]
+    b = api_keys.create(
+        engine, tenant="tenant-b", user="user-42", roles=["support"], rate=100, burst=200
+    ).key
+    turn_id = _parked_turn(server, keys[0])
+    logged_before = len(server.lines)
+    outcomes: list[tuple[int, float]] = []
+
+    async def one(http: httpx.AsyncClient) -> None:
+        t0 = time.monotonic()
+        resp = await http.get(f"/v1/turns/{turn_id}/results", params={"wait": 30})
+        outcomes.append((resp.status_code, time.monotonic() - t0))
+
+    async def all_of_them() -> None:
+        limits = httpx.Limits(max_connections=per_key + 5, max_keepalive_connections=per_key + 5)
+        clients = [
+            httpx.AsyncClient(
+                base_url=server.url,
+                headers={"Authorization": f"Bearer {k}"},
+                timeout=120,
+                limits=limits,
+            )
+            for k in keys
+        ]
+        try:
+            await asyncio.gather(*(one(c) for c in clients for _ in range(per_key)))
+        finally:
+            for c in clients:
+                await c.aclose()
+
+    thread = threading.Thread(target=asyncio.run, args=(all_of_them(),), daemon=True)
+    started = time.monotonic()
+    thread.start()
+    time.sleep(3)
+    rounds: list[float] = []
+    refused = 0
+    weather = [{"call_id": "w1", "tool_name": "get_weather", "arguments": {"city": "Seoul"}}]
+    with server.client(b) as http:
+        while thread.is_alive() and time.monotonic() - started < 90:
+            t0 = time.monotonic()
+            submitted = http.post("/v1/turns", json=weather)
+            assert submitted.status_code == 200, submitted.text
+            theirs = submitted.json()["turn_id"]
+            read = http.get(f"/v1/turns/{theirs}/results", params={"wait": 10})
+            if read.status_code == 429:
+                refused += 1
+                while read.status_code == 429 or not read.json()["complete"]:
+                    time.sleep(0.05)
+                    read = http.get(f"/v1/turns/{theirs}/results")
+            assert read.status_code == 200 and read.json()["complete"], read.text
+            rounds.append(time.monotonic() - t0)
+            time.sleep(0.2)
+    thread.join(90)
+    statuses = [status for status, _ in outcomes]
+    waited = [seconds for status, seconds in outcomes if status == 200]
+    warnings = "".join(server.lines[logged_before:]).count("cannot reach Redis")
+    print(
+        f"\n{PROBE_WAITS} waits: {statuses.count(200)} answered, {statuses.count(429)} refused,"
+        f" {warnings} fall-back warnings; longest wait {max(waited):.2f} s; tenant-b "
+        f"{len(rounds)} rounds ({refused} of its waits refused), submit+results median "
+        f"{statistics.median(rounds):.3f} s, p95 {_p95(rounds):.3f} s, max {max(rounds):.3f} s"
+    )
+    assert (statuses.count(200), statuses.count(429)) == (90, PROBE_WAITS - 90), statuses
+    assert warnings == 0
+    assert rounds, "tenant-b never completed a round while the waits were held"

@@ -1,5 +1,5 @@
 """The HTTP API's pure pieces: the approval notices, the console's session and CSRF token,
-the key format, problem statuses and settings."""
+the key format, problem statuses, settings, the long-poll slots and the framing checks."""
 
 from __future__ import annotations
 
@@ -7,9 +7,11 @@ import time
 from datetime import UTC, datetime
 from typing import Any
 
+import h11
 import pytest
 
 from callgate.core.errors import AccessError, ConfigurationError, ErrorCode
+from callgate.ops import http_framing
 from callgate.ops.http import auth, problems, views
 from callgate.ops.http.settings import ApiSettings
 from callgate.store import api_keys
@@ -114,3 +116,91 @@ def test_api_settings_from_env() -> None:
         ApiSettings.from_env({"CALLGATE_API_SESSION_SECRET": "short"})
     with pytest.raises(ConfigurationError):
         ApiSettings.from_env({"CALLGATE_API_BURST": "0"})
+
+
+def test_the_waits_bound_is_below_the_redis_pool() -> None:
+    assert ApiSettings.from_env({}).wait_bound == 90  # redis-py's pool of 100, less a tenth
+    assert ApiSettings.from_env({"CALLGATE_API_REDIS_POOL": "6"}).wait_bound == 5
+    assert ApiSettings.from_env({"CALLGATE_API_REDIS_POOL": "2"}).wait_bound == 1
+    assert ApiSettings.from_env({"CALLGATE_API_MAX_WAITS": "99"}).wait_bound == 99
+    for env in (
+        {"CALLGATE_API_MAX_WAITS": "100"},
+        {"CALLGATE_API_MAX_WAITS": "10", "CALLGATE_API_REDIS_POOL": "10"},
+        {"CALLGATE_API_REDIS_POOL": "1"},
+    ):
+        with pytest.raises(ConfigurationError, match="CALLGATE_API_"):
+            ApiSettings.from_env(env)
+
+
+def _refusal(slots: auth.WaitSlots, key_id: str) -> AccessError:
+    with pytest.raises(AccessError) as refused:
+        slots.take(key_id)
+    assert refused.value.code == ErrorCode.TOO_MANY_WAITS and refused.value.retry_after
+    return refused.value
+
+
+def test_wait_slots_bound_each_key_and_the_whole_process() -> None:
+    slots = auth.WaitSlots(per_key=2, per_process=3)
+    slots.take("ak1")
+    slots.take("ak1")
+    assert _refusal(slots, "ak1").details[0]["scope"] == "key"
+    slots.take("ak2")  # the process's third
+    refused = _refusal(slots, "ak3")  # a key with none of its own, past the process's bound
+    assert refused.details == [{"code": "wait_limit", "scope": "process", "limit": 3}]
+    assert problems.from_error(refused).status_code == 429
+    slots.give("ak1")
+    slots.take("ak3")  # a slot given back is the next key's
+    for key in ("ak1", "ak2", "ak3"):
+        slots.give(key)
+    for key in ("ak4", "ak5", "ak6"):
+        slots.take(key)  # every slot came back
+    _refusal(slots, "ak7")
+
+
+GOOD_HEAD = b"GET /v1/tools HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer k\r\n"
+AMBIGUOUS = {
+    "two Authorization": GOOD_HEAD + b"Authorization: Bearer other\r\n\r\n",
+    "Content-Length and chunked": b"POST /v1/turns HTTP/1.1\r\nHost: a\r\n"
+    b"Content-Length: 5\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+    "HTTP/1.0 chunked": b"POST /v1/turns HTTP/1.0\r\nTransfer-Encoding: chunked\r\n\r\n",
+    "bare LF throughout": (GOOD_HEAD + b"\r\n").replace(b"\r\n", b"\n"),
+    "one bare LF": GOOD_HEAD + b"Accept: */*\n\r\n",
+    "bare LF ending the head": GOOD_HEAD + b"\n",
+    "obs-fold by a space": GOOD_HEAD + b"Accept: a,\r\n b\r\n\r\n",
+    "obs-fold by a tab": GOOD_HEAD + b"Accept: a,\r\n\tb\r\n\r\n",
+}
+
+
+def _first_event(raw: bytes) -> Any:
+    conn = http_framing.StrictConnection(h11.SERVER)
+    conn.receive_data(raw)
+    return conn.next_event()
+
+
+@pytest.mark.parametrize("name", AMBIGUOUS)
+def test_ambiguous_framing_is_refused_with_its_reason(name: str) -> None:
+    conn = http_framing.StrictConnection(h11.SERVER)
+    conn.receive_data(AMBIGUOUS[name])
+    with pytest.raises(http_framing.Refused) as refused:
+        conn.next_event()
+    assert conn.refused is refused.value
+    head, _, body = http_framing.answer_400(conn).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and b"connection: close" in head.lower()
+    problem = problems.Problem.model_validate_json(body)
+    assert (problem.code, problem.status, problem.detail) == (
+        "invalid_input",
+        400,
+        str(refused.value),
+    )
+
+
+def test_plain_requests_pass_the_framing_checks() -> None:
+    for raw in (
+        GOOD_HEAD + b"\r\n",
+        b"POST /v1/turns HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n",
+        b"POST /v1/turns HTTP/1.1\r\nHost: a\r\nContent-Length: 2\r\n\r\n[]",
+        b"GET / HTTP/1.0\r\n\r\n",
+    ):
+        assert isinstance(_first_event(raw), h11.Request), raw
+    # A head not yet whole is left to arrive, even with a bare LF so far.
+    assert _first_event(GOOD_HEAD + b"Accept: */*\n") is h11.NEED_DATA

@@ -186,13 +186,17 @@ def create_app(settings: Settings, api: ApiSettings) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         producer = Producer.from_env(settings)
-        stream_reader = transport.connect_async(producer.settings.require_redis())
+        # Long-polls' stream reads alone use this pool: the waits' bound keeps it from
+        # running out (WaitSlots).
+        stream_reader = transport.connect_async(
+            producer.settings.require_redis(), max_connections=api.redis_pool
+        )
         collector = AsyncProducer(producer, stream_reader)
         app.state.services = Services(
             producer=producer,
             collector=collector,
             limiter=RateLimiter(producer.redis, settings.queue, api.rate, api.burst),
-            waits=WaitSlots(api.max_waits_per_key),
+            waits=WaitSlots(api.max_waits_per_key, api.wait_bound),
             key_checks=anyio.CapacityLimiter(KEY_CHECK_THREADS),
             # /readyz's checks never queue behind requests: one thread of their own.
             readiness=anyio.CapacityLimiter(1),

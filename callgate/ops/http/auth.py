@@ -147,16 +147,21 @@ def check_csrf(secret: bytes, cookie: str | None, token: str | None) -> None:
 
 
 class WaitSlots:
-    """How many long-polls each key has waiting in this process, capped per key.
+    """How many long-polls each key, and the whole process, has waiting; capped for both.
 
     A wait holds no thread, but it holds a connection, a task and a Redis read for up to
     ``CALLGATE_API_MAX_WAIT``: without a cap, one key within its rate could open thousands.
-    Counted in the process (the event loop's thread alone touches it), because what a wait
-    costs is this process's: behind a load balancer each process caps its own."""
+    The process's bound is what its asyncio Redis pool can serve: a key's cap alone does not
+    bound it (many keys, each inside its own), and a read past the pool would not wait, it
+    would fail as if Redis were away. Counted in the process (the event loop's thread alone
+    touches it), because what a wait costs is this process's: behind a load balancer each
+    process caps its own."""
 
-    def __init__(self, per_key: int) -> None:
+    def __init__(self, per_key: int, per_process: int) -> None:
         self.per_key = per_key
+        self.per_process = per_process
         self._held: dict[str, int] = {}
+        self._total = 0
 
     def take(self, key_id: str) -> None:
         """One slot of ``key_id``, or ``too_many_waits``; give it back with ``give``."""
@@ -166,11 +171,23 @@ class WaitSlots:
                 f"key {key_id} already has {held} waiting long-polls (at most {self.per_key}); "
                 "retry when one ends, or ask with wait=0",
                 code=ErrorCode.TOO_MANY_WAITS,
+                details=[{"code": "wait_limit", "scope": "key", "limit": self.per_key}],
+                retry_after=1.0,
+            )
+        if self._total >= self.per_process:
+            raise AccessError(
+                f"this API process already has {self._total} waiting long-polls (at most "
+                f"{self.per_process}, CALLGATE_API_MAX_WAITS); retry in a moment, or ask "
+                "with wait=0",
+                code=ErrorCode.TOO_MANY_WAITS,
+                details=[{"code": "wait_limit", "scope": "process", "limit": self.per_process}],
                 retry_after=1.0,
             )
         self._held[key_id] = held + 1
+        self._total += 1
 
     def give(self, key_id: str) -> None:
+        self._total -= 1
         held = self._held.get(key_id, 0) - 1
         if held > 0:
             self._held[key_id] = held

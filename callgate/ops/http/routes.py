@@ -307,7 +307,8 @@ async def turn_results(
     """What `callgate collect --json` prints (or, with `provider`, that surface's tool-result
     message, which needs every result: `missing_result` until then). Returns as soon as the
     last result lands, or after `wait` seconds (at most CALLGATE_API_MAX_WAIT). A key has at
-    most CALLGATE_API_MAX_WAITS_PER_KEY waits at once (`too_many_waits` past them)."""
+    most CALLGATE_API_MAX_WAITS_PER_KEY waits at once, the API process at most
+    CALLGATE_API_MAX_WAITS (`too_many_waits` past either; `wait=0` is never refused)."""
     s = services(request)
     check_timeout(wait, "wait")
     wait = min(wait, s.api.max_wait)

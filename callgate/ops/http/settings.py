@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 
-from pydantic import FiniteFloat
+from pydantic import FiniteFloat, ValidationInfo, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from callgate.core.settings import MAX_PORT, Flag, Section, setting
@@ -36,6 +36,20 @@ class ApiSettings(Section):
     max_waits_per_key: int = setting(
         10, "Long-polls one key may have waiting at once in one API process.", ge=1
     )
+    # A wait's stream read holds one connection of the process's asyncio Redis pool, and
+    # redis-py answers a read past the pool "Too many connections", which fan-in would take
+    # for Redis being away (a PostgreSQL re-read a second per wait, and a warning each):
+    # hence a bound on the process's waits below the pool (429 ``too_many_waits`` past it).
+    redis_pool: int = setting(
+        100, "Connections of the API process's asyncio Redis pool (long-polls' reads).", ge=2
+    )
+    max_waits: int | None = setting(
+        None,
+        "Long-polls one API process may have waiting at once (default: the Redis pool "
+        "less a tenth).",
+        ge=1,
+        accepts="a whole number, at least 1 and below CALLGATE_API_REDIS_POOL (default 100)",
+    )
     # The largest body of POST /v1/turns (every other route: SMALL_BODY_BYTES).
     max_body_bytes: int = setting(
         MAX_BODY_BYTES,
@@ -61,6 +75,22 @@ class ApiSettings(Section):
     keep_alive: int = setting(5, "Seconds an idle keep-alive connection stays open.", ge=1)
     # /docs loads Swagger UI from a public CDN on the console's origin: off unless asked.
     docs: Flag = setting(False, "Serve Swagger UI at /docs (loads its script from a CDN).")
+
+    @field_validator("max_waits")
+    @classmethod
+    def _below_the_pool(cls, waits: int | None, info: ValidationInfo) -> int | None:
+        pool = info.data.get("redis_pool")
+        if waits is not None and pool is not None and waits >= pool:
+            raise ValueError("not below the Redis pool")
+        return waits
+
+    @property
+    def wait_bound(self) -> int:
+        """Long-polls this process takes at once: CALLGATE_API_MAX_WAITS, or the pool less a
+        tenth (at least one connection to spare), so no wait ever finds the pool empty."""
+        if self.max_waits is not None:
+            return self.max_waits
+        return self.redis_pool - max(1, self.redis_pool // 10)
 
     @property
     def max_body(self) -> int:
