@@ -15,7 +15,7 @@ from types import TracebackType
 
 from rq import Worker
 
-from callgate.core.errors import ConfigurationError
+from callgate.core.errors import CallgateError, ConfigurationError, ErrorCode
 from callgate.queue import transport
 
 
@@ -145,13 +145,41 @@ def check_ports_free(ports: Mapping[str, int], host: str = "0.0.0.0") -> None:
                 ) from None
 
 
-def wait_for_workers(redis_url: str, queue: str, count: int, timeout: float = 30.0) -> None:
-    """Block until ``count`` RQ workers listen on ``queue`` (they register on start)."""
+def wait_for_workers(
+    redis_url: str,
+    queue: str,
+    count: int,
+    timeout: float = 30.0,
+    *,
+    stack: Stack | None = None,
+    hint: str = "",
+) -> None:
+    """Block until ``count`` RQ workers listen on ``queue`` (they register on start).
+
+    With ``stack``, a worker of it that exits first ends the wait at once (a registry that
+    cannot be imported, say) rather than after ``timeout``. Either way the error is one
+    ``embedded_service_failed`` line, ending with the caller's ``hint`` (which setting
+    raises the timeout, where the logs are).
+    """
     connection = transport.connect(redis_url)
     q = transport.job_queue(connection, queue)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if len(Worker.all(queue=q)) >= count:
             return
+        exited = {
+            name: proc.returncode
+            for name, proc in (stack.procs.items() if stack is not None else ())
+            if name.startswith("worker-") and proc.poll() is not None
+        }
+        if exited:
+            said = ", ".join(f"{name} with status {code}" for name, code in exited.items())
+            raise CallgateError(
+                f"workers exited before they started ({said}){hint}",
+                code=ErrorCode.EMBEDDED_SERVICE_FAILED,
+            )
         time.sleep(0.05)
-    raise TimeoutError(f"{count} worker(s) did not start on queue {queue!r} in {timeout}s")
+    raise CallgateError(
+        f"{count} worker(s) did not start on queue {queue!r} in {timeout:g} s{hint}",
+        code=ErrorCode.EMBEDDED_SERVICE_FAILED,
+    )

@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from click.testing import CliRunner
 
@@ -19,6 +23,7 @@ from callgate.ops.lab.eval.fixture import load_suite
 from callgate.ops.lab.eval.runner import Options, run_suite
 
 BROKEN = "tests.integration.eval_broken_tools:registry"
+ADMIN_URL = os.environ.get("CALLGATE_TEST_ADMIN_URL", "postgresql://postgres@127.0.0.1:5432/test")
 
 
 def _values(report: dict[str, object], table: str) -> dict[str, object]:
@@ -156,3 +161,65 @@ def test_live_answers_come_from_the_sdk_and_are_scored_like_recorded_ones(
     assert results and results[0]["content"][0]["type"] == "tool_result"
     sent = json.loads(results[0]["content"][0]["content"])
     assert sent["data"]["content"]["version"] == 2
+
+
+def _scratch_databases() -> set[str]:
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        rows = conn.execute("SELECT datname FROM pg_database WHERE datname LIKE 'callgate_eval_%'")
+        return {r[0] for r in rows}
+
+
+def _eval_process(
+    args: list[str], env: dict[str, str], tmp_path: Path
+) -> subprocess.CompletedProcess[str]:
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("CALLGATE_")}
+    environ.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "callgate", "eval", "run", *args],
+        cwd=Path(__file__).resolve().parents[2],
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def _one_line(run: subprocess.CompletedProcess[str], code: str) -> str:
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]
+    assert run.returncode == 2, run.stderr[-3000:]
+    lines = run.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"callgate: {code}: "), run.stderr
+    return lines[0]
+
+
+@pytest.mark.timeout(300)
+def test_workers_that_do_not_start_in_time_are_one_line_and_leave_nothing(
+    tmp_path: Path, database_url: str, redis_url: str
+) -> None:
+    """A start timeout no worker can meet (10 ms): the run stops with the setting's name,
+    and the scratch database it created is dropped."""
+    before = _scratch_databases()
+    env = {
+        "CALLGATE_DATABASE_URL": database_url,
+        "CALLGATE_REDIS_URL": redis_url,
+        "CALLGATE_EVAL_START_SECONDS": "0.01",
+    }
+    run = _eval_process(["builtin", "--out", str(tmp_path / "out")], env, tmp_path)
+    line = _one_line(run, "embedded_service_failed")
+    assert "did not start" in line and "CALLGATE_EVAL_START_SECONDS" in line
+    assert _scratch_databases() - before == set()
+
+
+@pytest.mark.timeout(300)
+def test_workers_that_exit_at_start_are_reported_with_their_log(
+    tmp_path: Path, database_url: str, redis_url: str
+) -> None:
+    """Workers that cannot import the registry exit at once: the run says so and where
+    their log is, and that log holds the reason."""
+    env = {"CALLGATE_DATABASE_URL": database_url, "CALLGATE_REDIS_URL": redis_url}
+    out = tmp_path / "out"
+    args = ["builtin", "--tools", "no_such_module_for_eval:registry", "--out", str(out)]
+    line = _one_line(_eval_process(args, env, tmp_path), "embedded_service_failed")
+    log = out / "eval-processes.log"
+    assert "exited" in line and str(log) in line
+    assert "no_such_module_for_eval" in log.read_text()

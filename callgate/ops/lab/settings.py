@@ -41,3 +41,11 @@ class EvalSettings(Section):
     stubs: Path | None = setting(
         None, "Set by 'callgate eval run': the imported suite's stub tools file (tools.json)."
     )
+    max_file_bytes: int = setting(
+        16_777_216,
+        "Largest file 'callgate eval' reads, in bytes; larger is refused unread.",
+        ge=1,
+    )
+    start_seconds: float = setting(
+        60.0, "Seconds 'callgate eval run' waits for its workers to start.", ge=0.01
+    )

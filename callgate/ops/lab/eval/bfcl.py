@@ -32,6 +32,7 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from callgate.core.errors import InputError
+from callgate.ops.lab.eval import inputs
 from callgate.ops.lab.eval.matchers import BFCL_TYPES
 from callgate.producer.adapters.names import wire_name
 
@@ -72,16 +73,15 @@ class Line:
         return InputError(f"{self.file}:{self.number}: field {field}: {problem}")
 
 
-def read_lines(path: Path) -> list[Line]:
-    """A JSON-lines file of objects that each have a string ``id``."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+def read_lines(path: Path, max_bytes: int | None = None) -> list[Line]:
+    """A JSON-lines file of objects that each have a string ``id``, read within the caps of
+    ``inputs`` (``max_bytes``, default the setting; nesting)."""
+    text = inputs.read_text(path, max_bytes)
     lines = []
     for number, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
+        inputs.check_json_depth(raw, f"{path}:{number}")
         try:
             doc = json.loads(raw)
         except json.JSONDecodeError as exc:
@@ -326,6 +326,8 @@ def _response(result: Line, names: Mapping[str, str], model: str) -> dict[str, A
                 raise result.fail(f"result[{i}]", "must be one {function: {arg: value}}")
             func, args = next(iter(item.items()))
             if isinstance(args, str):
+                where = f"{result.file}:{result.number}: field result[{i}].{func}"
+                inputs.check_json_depth(args, where)
                 try:
                     args = json.loads(args)
                 except json.JSONDecodeError:
@@ -389,7 +391,8 @@ def parse_python_calls(text: str) -> list[tuple[str, Any]] | None:
         body = f"[{body}]"
     try:
         tree = ast.parse(body, mode="eval").body
-    except SyntaxError:
+    except (SyntaxError, ValueError, MemoryError, RecursionError):
+        # Not Python (a NUL byte), or nested past what Python's parser takes: prose too.
         return None
     if not isinstance(tree, ast.List | ast.Tuple):
         return None
@@ -441,10 +444,13 @@ def write_suite(imported: Imported, out: Path) -> None:
     the end, so a failure leaves nothing half-written. An existing ``out`` is refused."""
     import yaml
 
-    if out.exists():
+    if out.exists() or out.is_symlink():
         raise InputError(f"--out {out}: already exists; remove it or name another folder")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
     try:
         (tmp / "suite.yaml").write_text(
             "# Imported by callgate eval import-bfcl (docs/eval.md, Importing BFCL).\n"
@@ -460,6 +466,10 @@ def write_suite(imported: Imported, out: Path) -> None:
                 yaml.safe_dump(doc, sort_keys=False, allow_unicode=True), encoding="utf-8"
             )
         os.replace(tmp, out)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if isinstance(exc, OSError):
+            raise InputError(
+                f"--out {out}: cannot write the suite there ({exc.strerror or exc})"
+            ) from None
         raise

@@ -10,19 +10,29 @@ from __future__ import annotations
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import click
 
 from callgate.core.errors import InputError
 from callgate.ops.cli.common import load_settings
-from callgate.ops.lab.eval import bfcl, retrieval
+from callgate.ops.flags import setting_option
+from callgate.ops.lab.eval import bfcl, inputs, retrieval
 from callgate.ops.lab.eval import compare as comparing
 from callgate.ops.lab.eval import report as reporting
 from callgate.ops.lab.eval.fixture import SURFACES, load_suite, with_responses
 from callgate.ops.lab.eval.runner import Options, run_suite
 
 EXIT_REGRESSION = 1
+
+max_file_bytes_option = setting_option(
+    "--max-file-bytes",
+    "max_bytes",
+    variable="CALLGATE_EVAL_MAX_FILE_BYTES",
+    type=click.IntRange(min=1),
+    help="Largest input file read, in bytes; a larger one is refused before it is read.",
+)
 
 
 @click.group("eval")
@@ -79,6 +89,14 @@ def eval_group() -> None:
     help="Keep the scratch data so the report's trace ids work with `callgate trace`: the "
     "scratch database's URL is printed, or the embedded services' data stays in OUT/data.",
 )
+@setting_option(
+    "--start-timeout",
+    "start_seconds",
+    variable="CALLGATE_EVAL_START_SECONDS",
+    type=click.FloatRange(min=0.01),
+    help="Seconds to wait for the workers to start.",
+)
+@max_file_bytes_option
 def run_cmd(
     suite: str,
     surfaces: tuple[str, ...],
@@ -89,14 +107,21 @@ def run_cmd(
     responses: Path | None,
     live: str | None,
     keep: bool,
+    start_seconds: float,
+    max_bytes: int,
 ) -> None:
     """Run SUITE (a folder, or builtin) through the real pipeline on scratch services.
+
+    Running a suite runs its code: the tools and doubles modules its suite.yaml names are
+    Python, imported by this command and its workers with your privileges. Run only suites
+    you trust. A suite may name only modules in its own folder (or callgate's stubs); any
+    other is refused before it is imported.
 
     Uses embedded PostgreSQL and Redis (the demo extra) unless CALLGATE_DATABASE_URL /
     CALLGATE_REDIS_URL are set: then a scratch database beside the configured one (dropped
     afterwards) and queues of its own. Prints the model's and the executor's tables.
     """
-    loaded = load_suite(Path(suite))
+    loaded = load_suite(Path(suite), max_bytes)
     if live is not None:
         if answers or responses is not None:
             raise InputError("--live answers itself: leave out --answers and --responses")
@@ -105,7 +130,7 @@ def run_cmd(
         if answers:
             raise InputError("--responses names the answers itself: leave out --answers")
         answers = (responses.resolve().name,)
-        loaded = with_responses(loaded, responses, answers[0])
+        loaded = with_responses(loaded, responses, answers[0], max_bytes)
     options = Options(
         answers=answers or ("good",),
         surfaces=frozenset(surfaces) if surfaces else None,
@@ -114,15 +139,20 @@ def run_cmd(
         log_path=str(out / "eval-processes.log"),
         keep=(out / "data").resolve() if keep else None,
         live=live,
+        start_seconds=start_seconds,
+        max_bytes=max_bytes,
     )
     command = " ".join(["callgate", "eval", "run", *sys.argv[3:]]) if len(sys.argv) > 2 else ""
-    out.mkdir(parents=True, exist_ok=True)
+    _writable(out)  # before a minute of running, not after
     runs = run_suite(load_settings(), loaded, options, sys.stderr)
     for run in runs:
         doc = reporting.build(
             loaded.config.name, run.answer, run.turns, command=command, seconds=run.seconds
         )
-        paths = reporting.write(doc, out)
+        try:
+            paths = reporting.write(doc, out)
+        except OSError as exc:
+            raise InputError(f"--out {out}: cannot write the report ({exc.strerror})") from None
         click.echo(f"== {loaded.config.name}: {run.answer} answers ==")
         click.echo(reporting.tables(doc))
         click.echo("wrote " + ", ".join(str(p) for p in paths))
@@ -145,20 +175,34 @@ def run_cmd(
     type=click.FloatRange(min=1),
     help="An error rate at this many times a non-zero baseline is a regression.",
 )
-def compare_cmd(base: Path, new: Path, threshold: float, factor: float) -> None:
+@max_file_bytes_option
+def compare_cmd(base: Path, new: Path, threshold: float, factor: float, max_bytes: int) -> None:
     """Each metric's change from BASE to NEW (report JSON files); exit 1 on a regression."""
-    changes = comparing.compare(_report(base), _report(new), threshold=threshold, factor=factor)
+    old_doc, new_doc = _report(base, max_bytes), _report(new, max_bytes)
+    changes = comparing.compare(old_doc, new_doc, threshold=threshold, factor=factor)
     click.echo(comparing.render(changes), nl=False)
     if any(c.regression for c in changes):
         sys.exit(EXIT_REGRESSION)
 
 
-def _report(path: Path) -> dict[str, object]:
+def _writable(out: Path) -> None:
+    """``out`` made, and a file written in it, or one ``invalid_input`` line saying why not."""
+    if out.is_symlink() and not out.exists():
+        raise InputError(f"--out {out}: a symbolic link to nothing ({out.readlink()})")
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
     except OSError as exc:
-        raise InputError(f"{path}: cannot read it ({exc.strerror})") from None
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise InputError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+
+
+def _report(path: Path, max_bytes: int) -> dict[str, object]:
+    text = inputs.read_text(path, max_bytes)
+    inputs.check_json_depth(text, str(path))
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError:
         raise InputError(f"{path}: not a JSON report of callgate eval run") from None
     if not isinstance(doc, dict):
         raise InputError(f"{path}: not a JSON report of callgate eval run")
@@ -194,6 +238,7 @@ def _report(path: Path) -> dict[str, object]:
     default=None,
     help="BFCL's category, when neither the file name nor the ids say it.",
 )
+@max_file_bytes_option
 def import_bfcl_cmd(
     questions: Path,
     answers: Path | None,
@@ -201,18 +246,19 @@ def import_bfcl_cmd(
     results: Path | None,
     answer: str | None,
     category: str | None,
+    max_bytes: int,
 ) -> None:
     """Turn BFCL question (and possible-answer) files into a suite of read-only stub tools
     that `callgate eval run` scores the way BFCL's AST checker does (docs/eval.md)."""
-    asked = bfcl.read_lines(questions)
+    asked = bfcl.read_lines(questions, max_bytes)
     found = category or bfcl.category_of(questions, [q.id for q in asked])
     kind = bfcl.CATEGORIES[found]
     truth: list[bfcl.Line] = []
     if kind != "irrelevance":
-        truth = bfcl.read_lines(answers or bfcl.default_answers(questions))
+        truth = bfcl.read_lines(answers or bfcl.default_answers(questions), max_bytes)
     recorded: list[bfcl.Line] = []
     if results is not None:
-        recorded = bfcl.read_lines(results)
+        recorded = bfcl.read_lines(results, max_bytes)
         answer = answer or re.sub(r"[^\w.-]", "-", results.name.removesuffix(".json"))
     elif answer is not None:
         raise InputError("--name names the answers of --results: give --results too")

@@ -35,8 +35,15 @@ def compare(
 ) -> list[Change]:
     out = []
     for doc, name in ((base, "BASE"), (new, "NEW")):
-        if not isinstance(doc.get("metrics"), Mapping):
+        metrics = doc.get("metrics")
+        if not isinstance(metrics, Mapping):
             raise InputError(f"{name} is not a callgate eval report (it has no metrics)")
+        for key, metric in metrics.items():
+            if not _is_metric(metric):
+                raise InputError(
+                    f"{name} is not a callgate eval report (metric {key!r} is not "
+                    "{value: a number or null, ...})"
+                )
     for key, b in base["metrics"].items():
         n = new["metrics"].get(key)
         if n is None:
@@ -55,6 +62,13 @@ def compare(
             )
         )
     return out
+
+
+def _is_metric(metric: Any) -> bool:
+    if not isinstance(metric, Mapping):
+        return False
+    value = metric.get("value")
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
 
 
 def _regressed(

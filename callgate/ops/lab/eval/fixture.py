@@ -16,8 +16,8 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from callgate.core.errors import ConfigurationError, InputError
-from callgate.ops.lab.eval import matchers
+from callgate.core.errors import InputError
+from callgate.ops.lab.eval import inputs, matchers
 from callgate.ops.lab.eval.matchers import Matcher
 
 Category = Literal[
@@ -177,17 +177,18 @@ class Suite(BaseModel):
 BUILTIN = Path(__file__).parent / "suites" / "builtin"
 
 
-def load_suite(path: Path) -> Suite:
-    """Read and check a suite folder (or ``builtin``); every fixture id once."""
+def load_suite(path: Path, max_bytes: int | None = None) -> Suite:
+    """Read and check a suite folder (or ``builtin``); every fixture id once. Each file is
+    read within ``inputs``' caps (``max_bytes``, default the setting; nesting)."""
     folder = BUILTIN if str(path) == "builtin" else path
     config_file = folder / "suite.yaml"
     if not config_file.is_file():
         raise InputError(f"{folder}: not a suite folder (it has no suite.yaml)")
-    config = _validated(SuiteConfig, _document(config_file), config_file, None)
+    config = _validated(SuiteConfig, _document(config_file, max_bytes), config_file, None)
     fixtures: list[Fixture] = []
     seen: dict[str, Path] = {}
     for file in sorted((folder / "fixtures").glob("*.yaml")):
-        fixture = load_fixture(file)
+        fixture = load_fixture(file, max_bytes)
         if fixture.id in seen:
             raise InputError(
                 f"{file}: fixture id {fixture.id!r} is also used by {seen[fixture.id]}"
@@ -199,27 +200,14 @@ def load_suite(path: Path) -> Suite:
     return Suite(path=folder, config=config, fixtures=fixtures)
 
 
-def load_fixture(file: Path) -> Fixture:
-    doc = _document(file)
+def load_fixture(file: Path, max_bytes: int | None = None) -> Fixture:
+    doc = _document(file, max_bytes)
     ident = doc.get("id") if isinstance(doc, dict) else None
     return _validated(Fixture, doc, file, ident if isinstance(ident, str) else None)
 
 
-def _document(file: Path) -> Any:
-    try:
-        import yaml
-    except ImportError:
-        raise ConfigurationError(
-            "callgate eval reads YAML with PyYAML: pip install 'callgate[eval]'"
-        ) from None
-    try:
-        return yaml.safe_load(file.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"{file}: cannot read it ({exc})") from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where is not None else ""
-        raise InputError(f"{file}: not valid YAML{line}") from None
+def _document(file: Path, max_bytes: int | None) -> Any:
+    return inputs.load_yaml(inputs.read_text(file, max_bytes), file)
 
 
 M = TypeVar("M", bound=BaseModel)
@@ -244,7 +232,7 @@ RESPONSE_FILE = re.compile(
 )
 
 
-def with_responses(suite: Suite, folder: Path, answer: str) -> Suite:
+def with_responses(suite: Suite, folder: Path, answer: str, max_bytes: int | None = None) -> Suite:
     """``suite`` with the answer set ``answer`` taken from recorded responses in ``folder``.
 
     One JSON file per response, named ``FIXTURE.TURN.SURFACE.json`` (turns count from 1), and
@@ -272,11 +260,11 @@ def with_responses(suite: Suite, folder: Path, answer: str) -> Suite:
             raise InputError(
                 f"{file}: suite {suite.config.name!r} has no fixture {ident!r} with a turn {turn}"
             )
+        text = inputs.read_text(file, max_bytes)
+        inputs.check_json_depth(text, str(file))
         try:
-            found[(ident, turn - 1, surface, bool(match["final"]))] = json.loads(
-                file.read_text(encoding="utf-8")
-            )
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            found[(ident, turn - 1, surface, bool(match["final"]))] = json.loads(text)
+        except json.JSONDecodeError as exc:
             raise InputError(f"{file}: not a JSON response ({type(exc).__name__})") from None
     fixtures = []
     for each in suite.fixtures:

@@ -29,6 +29,7 @@ from typing import Any
 import click
 
 from callgate.core.errors import InputError
+from callgate.ops.flags import setting_option
 from callgate.ops.lab.eval.bfcl import (
     default_answers,
     functions,
@@ -76,19 +77,19 @@ class Suite:
     questions: tuple[Question, ...]
 
 
-def load_bfcl(questions: Path, answers: Path | None = None) -> Suite:
-    """A suite from BFCL's files (read by ``bfcl``); questions without a ground truth
-    (irrelevance) are left out."""
+def load_bfcl(questions: Path, answers: Path | None = None, max_bytes: int | None = None) -> Suite:
+    """A suite from BFCL's files (read by ``bfcl``, each within ``max_bytes``, default the
+    setting); questions without a ground truth (irrelevance) are left out."""
     answers = answers or default_answers(questions)
     truth: dict[str, tuple[str, ...]] = {}
-    for line in read_lines(answers):
+    for line in read_lines(answers, max_bytes):
         calls = line.doc.get("ground_truth")
         if not isinstance(calls, list) or not all(isinstance(c, dict) for c in calls):
             raise line.fail("ground_truth", "must be a list of objects")
         truth[line.id] = tuple(dict.fromkeys(name for c in calls for name in c))
     specs: dict[str, ToolSpec] = {}
     asked: list[Question] = []
-    for line in read_lines(questions):
+    for line in read_lines(questions, max_bytes):
         for f in functions(line):
             specs.setdefault(
                 f["name"],
@@ -194,10 +195,19 @@ def _ks(value: str) -> tuple[int, ...]:
 )
 @click.option("--k", "ks", default="1,3,5,10", show_default=True, help="The k of recall@k.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-def retrieval_cmd(questions: Path, answers: Path | None, ks: str, as_json: bool) -> None:
+@setting_option(
+    "--max-file-bytes",
+    "max_bytes",
+    variable="CALLGATE_EVAL_MAX_FILE_BYTES",
+    type=click.IntRange(min=1),
+    help="Largest input file read, in bytes; a larger one is refused before it is read.",
+)
+def retrieval_cmd(
+    questions: Path, answers: Path | None, ks: str, as_json: bool, max_bytes: int
+) -> None:
     """Measure tool retrieval on a BFCL-format suite: recall@k of the expected tools and
     the tokens of tool definitions per request, every tool shown versus the top k."""
-    measured = measure(load_bfcl(questions, answers), _ks(ks))
+    measured = measure(load_bfcl(questions, answers, max_bytes), _ks(ks))
     if as_json:
         click.echo(json.dumps(measured.as_json(), indent=2))
     else:

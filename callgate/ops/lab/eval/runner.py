@@ -28,11 +28,12 @@ from callgate.core.errors import CallgateError, ConfigurationError, InputError
 from callgate.core.settings import Settings
 from callgate.core.types import ProposedCall
 from callgate.ops.cli.common import apply_migrations, dispatch_after_decision, embedded_services
-from callgate.ops.lab.eval import ledger, scoring
+from callgate.ops.lab.eval import ledger, scoring, suite_modules
 from callgate.ops.lab.eval.fixture import AWAITING_APPROVAL, SUCCEEDED, Fixture, Suite, Turn
 from callgate.ops.lab.eval.live import Conversation, client_for
 from callgate.ops.lab.eval.stubs import ENV as STUBS_ENV
 from callgate.ops.lab.eval.surfaces import mentioned_names, text_of
+from callgate.ops.lab.settings import EvalSettings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer, adapters
 from callgate.producer.adapters import AdapterError
@@ -41,6 +42,8 @@ from callgate.queue import transport
 from callgate.store import approvals, db
 
 COLLECT_SECONDS = 30.0
+START_ENV = EvalSettings.env_name("start_seconds")
+MAX_BYTES_ENV = EvalSettings.env_name("max_file_bytes")
 APPROVER = "callgate-eval"
 
 
@@ -54,6 +57,8 @@ class Options:
     keep: Path | None = None  # keep the scratch data (embedded: in this folder) for tracing
     live: str | None = None  # ask this model on the one surface given, instead of recordings
     live_client: Any = None  # the SDK client for --live (tests: one over a mock transport)
+    start_seconds: float | None = None  # the wait for the workers (None: the setting)
+    max_bytes: int | None = None  # the file size cap (None: the setting), passed to workers
 
 
 @dataclass(frozen=True)
@@ -73,11 +78,21 @@ def run_suite(settings: Settings, suite: Suite, options: Options, progress: Text
         if not any(answer in f.answer_sets() for f in suite.fixtures):
             raise InputError(f"no fixture of suite {suite.config.name!r} has answers {answer!r}")
     tools = options.tools or suite.config.tools
+    doubles_module = suite.config.doubles or suite.config.tools.split(":")[0]
+    # Before anything of the suite is imported: it names only code of its own folder.
+    suite_modules.check(
+        suite.path,
+        tools=None if options.tools else suite.config.tools,
+        doubles=doubles_module,
+        stubs_file=suite.config.stubs,
+    )
     stubs = (
         {STUBS_ENV: str((suite.path / suite.config.stubs).resolve())} if suite.config.stubs else {}
     )
+    if stubs and options.max_bytes is not None:
+        stubs[MAX_BYTES_ENV] = str(options.max_bytes)
     with _environ(stubs):
-        doubles = _doubles(suite.config.doubles or suite.config.tools.split(":")[0])
+        doubles = _doubles(doubles_module)
     if options.live and options.live_client is None and options.surfaces:
         # Before any service starts: a missing SDK or key is one line, not a stack trace later.
         options = replace(options, live_client=client_for(next(iter(options.surfaces))))
@@ -225,8 +240,19 @@ def _run(
     }
     producer_settings = settings.replace(tools=tools, allowlist=None)
     log_path = options.log_path or os.devnull
-    with Stack(env=env, workers=options.workers, log_path=log_path):
-        wait_for_workers(settings.require_redis(), settings.queue, options.workers)
+    start = options.start_seconds
+    if start is None:
+        start = EvalSettings.from_env().start_seconds
+    logged = f"; their log is {options.log_path}" if options.log_path else ""
+    with Stack(env=env, workers=options.workers, log_path=log_path) as stack:
+        wait_for_workers(
+            settings.require_redis(),
+            settings.queue,
+            options.workers,
+            start,
+            stack=stack,
+            hint=f"{logged} (the wait: --start-timeout, {START_ENV})",
+        )
         producer = Producer.from_env(producer_settings)
         try:
             cases = [

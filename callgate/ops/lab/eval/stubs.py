@@ -18,7 +18,7 @@ from typing import Any
 from sqlalchemy import Engine
 
 from callgate.core.errors import ConfigurationError
-from callgate.ops.lab.eval import ledger
+from callgate.ops.lab.eval import inputs, ledger
 from callgate.ops.lab.settings import EvalSettings
 from callgate.tools.registry import READ_ONLY, ExecutionContext, Registry, Tool
 
@@ -34,9 +34,11 @@ def registry() -> Registry:
             f"{ENV} is not set: it names the imported suite's stub tools file (callgate eval "
             "run sets it from the suite's stubs: field)"
         )
+    text = inputs.read_text(path)  # within CALLGATE_EVAL_MAX_FILE_BYTES, which eval run passes on
+    inputs.check_json_depth(text, f"{ENV}={path}")
     try:
-        docs = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        docs = json.loads(text)
+    except json.JSONDecodeError as exc:
         raise ConfigurationError(f"{ENV}={path}: not a readable JSON file ({exc})") from None
     if not isinstance(docs, list):
         raise ConfigurationError(f"{ENV}={path}: expected a JSON list of tool definitions")
