@@ -16,21 +16,14 @@ is), and ``over_redacted`` (an ordinary value is missing where it should be). Wi
 
 from __future__ import annotations
 
-import gzip
 import json
 import os
-import threading
 import uuid
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import (
-    ExportTraceServiceRequest,
-    ExportTraceServiceResponse,
-)
 from sqlalchemy import Engine, text
 
 from callgate.core.settings import Settings
@@ -41,7 +34,10 @@ from callgate.queue import transport
 from tests.acceptance.api_server import ApiServer, make_key, start_api
 from tests.acceptance.conftest import SUPPORT_A, callgate, wait_until
 from tests.acceptance.corpus_tools import CORPUS
+from tests.acceptance.otlp_receiver import Receiver, receiver
 from tests.redaction_corpus import Plant
+
+__all__ = ["receiver"]  # a fixture, for pytest
 
 pytestmark = pytest.mark.services
 
@@ -64,62 +60,16 @@ SPANS = "spans"
 ARGS_CALL = "args"
 
 
-class SpanReceiver(ThreadingHTTPServer):
-    """An OTLP/HTTP trace receiver keeping each span's name and string attributes."""
-
-    def __init__(self) -> None:
-        super().__init__(("127.0.0.1", 0), _ReceiverHandler)
-        self.spans: list[tuple[str, dict[str, str]]] = []
-        self.lock = threading.Lock()
-
-    @property
-    def endpoint(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/v1/traces"
-
-    def received(self) -> list[tuple[str, dict[str, str]]]:
-        with self.lock:
-            return list(self.spans)
-
-
-class _ReceiverHandler(BaseHTTPRequestHandler):
-    server: SpanReceiver
-
-    def do_POST(self) -> None:
-        body = self.rfile.read(int(self.headers["Content-Length"]))
-        if self.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        request = ExportTraceServiceRequest.FromString(body)
-        spans = [
-            (s.name, {a.key: a.value.string_value for a in s.attributes})
-            for resource in request.resource_spans
-            for scope in resource.scope_spans
-            for s in scope.spans
-        ]
-        with self.server.lock:
-            self.server.spans.extend(spans)
-        reply = ExportTraceServiceResponse().SerializeToString()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/x-protobuf")
-        self.send_header("Content-Length", str(len(reply)))
-        self.end_headers()
-        self.wfile.write(reply)
-
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
+def _named_spans(receiver: Receiver) -> list[tuple[str, dict[str, str]]]:
+    """Each exported span's name and its string attributes."""
+    return [
+        (s["name"], {k: v for k, v in s["attributes"].items() if isinstance(v, str)})
+        for s in receiver.received()
+    ]
 
 
 @pytest.fixture
-def receiver() -> Iterator[SpanReceiver]:
-    server = SpanReceiver()
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server
-    server.shutdown()
-    server.server_close()
-
-
-@pytest.fixture
-def corpus_env(service_env: dict[str, str], receiver: SpanReceiver) -> dict[str, str]:
+def corpus_env(service_env: dict[str, str], receiver: Receiver) -> dict[str, str]:
     return {
         **service_env,
         "CALLGATE_TOOLS": TOOLS,
@@ -167,7 +117,7 @@ def _places(
     stack: Stack,
     log_path: Path,
     api: tuple[ApiServer, str],
-    receiver: SpanReceiver,
+    receiver: Receiver,
 ) -> dict[str, str]:
     places: dict[str, str] = {}
     server, key = api
@@ -216,7 +166,7 @@ def _places(
     places["worker logs"] = log_path.read_text(errors="replace")
     server.stop()
     places["api logs"] = server.stderr()
-    places[SPANS] = json.dumps(receiver.received())
+    places[SPANS] = json.dumps(_named_spans(receiver))
     return places
 
 
@@ -269,7 +219,7 @@ def test_no_planted_secret_reaches_any_place_and_ordinary_values_survive(
     corpus_env: dict[str, str],
     corpus_stack: Stack,
     engine: Engine,
-    receiver: SpanReceiver,
+    receiver: Receiver,
     tmp_path: Path,
 ) -> None:
     server = start_api(corpus_env)
@@ -284,7 +234,7 @@ def test_no_planted_secret_reaches_any_place_and_ordinary_values_survive(
         statuses = {r["call_id"]: r["status"] for r in doc["results"]}
 
         def spans_of_every_call() -> bool:
-            tools = [a for n, a in receiver.received() if n.startswith("execute_tool ")]
+            tools = [a for n, a in _named_spans(receiver) if n.startswith("execute_tool ")]
             return {a.get("callgate.turn_id") for a in tools} == {turn_id} and len(
                 {a["gen_ai.tool.call.id"] for a in tools}
             ) == len(statuses)
@@ -307,7 +257,7 @@ def test_no_planted_secret_reaches_any_place_and_ordinary_values_survive(
     # The span really recorded the arguments: redacted, not left out.
     (recorded,) = [
         a["gen_ai.tool.call.arguments"]
-        for n, a in receiver.received()
+        for n, a in _named_spans(receiver)
         if n == "execute_tool corpus_values" and a["gen_ai.tool.call.id"] == ARGS_CALL
     ]
     assert set(json.loads(recorded)) == set(CORPUS.arguments)

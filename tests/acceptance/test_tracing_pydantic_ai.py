@@ -27,8 +27,8 @@ from callgate.ops.stack import Stack
 from callgate.producer.frameworks.pydantic_ai import CallgateToolset
 from tests.acceptance.conftest import wait_until
 from tests.acceptance.frameworks_support import database_url, fw_stack, support_context
+from tests.acceptance.otlp_receiver import Receiver, receiver
 from tests.acceptance.test_frameworks_pydantic_ai import scripted, tool_answers
-from tests.acceptance.test_tracing import Receiver, receiver
 
 __all__ = ["database_url", "fw_stack", "receiver"]  # fixtures, for pytest
 

@@ -26,14 +26,6 @@ from callgate.ops.lab.eval.runner import Options, run_suite
 
 EXIT_REGRESSION = 1
 
-max_file_bytes_option = setting_option(
-    "--max-file-bytes",
-    "max_bytes",
-    variable="CALLGATE_EVAL_MAX_FILE_BYTES",
-    type=click.IntRange(min=1),
-    help="Largest input file read, in bytes; a larger one is refused before it is read.",
-)
-
 
 @click.group("eval")
 def eval_group() -> None:
@@ -96,7 +88,7 @@ def eval_group() -> None:
     type=click.FloatRange(min=0.01),
     help="Seconds to wait for the workers to start.",
 )
-@max_file_bytes_option
+@inputs.max_file_bytes_option
 def run_cmd(
     suite: str,
     surfaces: tuple[str, ...],
@@ -175,7 +167,7 @@ def run_cmd(
     type=click.FloatRange(min=1),
     help="An error rate at this many times a non-zero baseline is a regression.",
 )
-@max_file_bytes_option
+@inputs.max_file_bytes_option
 def compare_cmd(base: Path, new: Path, threshold: float, factor: float, max_bytes: int) -> None:
     """Each metric's change from BASE to NEW (report JSON files); exit 1 on a regression."""
     old_doc, new_doc = _report(base, max_bytes), _report(new, max_bytes)
@@ -238,7 +230,7 @@ def _report(path: Path, max_bytes: int) -> dict[str, object]:
     default=None,
     help="BFCL's category, when neither the file name nor the ids say it.",
 )
-@max_file_bytes_option
+@inputs.max_file_bytes_option
 def import_bfcl_cmd(
     questions: Path,
     answers: Path | None,

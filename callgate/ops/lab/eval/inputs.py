@@ -22,7 +22,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+import click
+
 from callgate.core.errors import ConfigurationError, InputError
+from callgate.ops.flags import setting_option
 from callgate.ops.lab.settings import EvalSettings
 
 # Real fixtures and BFCL's files nest 10 to 15 levels; a recorded response carrying tool
@@ -33,6 +36,15 @@ MAX_DEPTH = 100
 VALUES_PER_CHAR = 4
 
 CAP_SETTING = f"--max-file-bytes, {EvalSettings.env_name('max_file_bytes')}"
+
+# Every eval command that reads a file takes the same cap.
+max_file_bytes_option = setting_option(
+    "--max-file-bytes",
+    "max_bytes",
+    variable="CALLGATE_EVAL_MAX_FILE_BYTES",
+    type=click.IntRange(min=1),
+    help="Largest input file read, in bytes; a larger one is refused before it is read.",
+)
 
 
 def max_file_bytes(limit: int | None = None) -> int:

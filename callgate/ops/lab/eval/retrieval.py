@@ -29,7 +29,7 @@ from typing import Any
 import click
 
 from callgate.core.errors import InputError
-from callgate.ops.flags import setting_option
+from callgate.ops.lab.eval import inputs
 from callgate.ops.lab.eval.bfcl import (
     default_answers,
     functions,
@@ -195,13 +195,7 @@ def _ks(value: str) -> tuple[int, ...]:
 )
 @click.option("--k", "ks", default="1,3,5,10", show_default=True, help="The k of recall@k.")
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
-@setting_option(
-    "--max-file-bytes",
-    "max_bytes",
-    variable="CALLGATE_EVAL_MAX_FILE_BYTES",
-    type=click.IntRange(min=1),
-    help="Largest input file read, in bytes; a larger one is refused before it is read.",
-)
+@inputs.max_file_bytes_option
 def retrieval_cmd(
     questions: Path, answers: Path | None, ks: str, as_json: bool, max_bytes: int
 ) -> None:
