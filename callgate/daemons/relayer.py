@@ -19,38 +19,16 @@ from typing import Any
 
 import psycopg
 import redis
-from sqlalchemy import Connection, Engine, Row, text
+from sqlalchemy import Engine
 
 from callgate.core import logs
 from callgate.observe import metrics, tracing
 from callgate.queue import transport
-from callgate.store import db
+from callgate.store import db, outbox
 
 log = logging.getLogger("callgate.relayer")
 
 CHANNEL = "callgate_outbox"
-
-# The payload as Postgres' own JSON text: published as it is, never parsed and dumped again
-# (the same JSON value; fan-in parses it). The row's age, on Postgres' clock, feeds the
-# relay-latency histogram.
-CLAIM_SQL = """
-SELECT id, turn_id, call_ref, CAST(payload AS text) AS payload,
-       CAST(EXTRACT(EPOCH FROM clock_timestamp() - created_at) AS float8) AS age_seconds
-  FROM callgate.outbox
- WHERE published_at IS NULL
- ORDER BY id
- LIMIT :batch
-   FOR UPDATE SKIP LOCKED
-"""
-
-MARK_SQL = "UPDATE callgate.outbox SET published_at = now() WHERE id = ANY(:ids)"
-
-# Only when a tracer provider is set: the submit contexts of a batch's turns, the parents of
-# their ``callgate.relay`` spans.
-TRACE_CONTEXTS_SQL = """
-SELECT turn_id, trace_context FROM callgate.turns
- WHERE turn_id = ANY(:turns) AND trace_context IS NOT NULL
-"""
 
 
 def drain_once(
@@ -62,8 +40,8 @@ def drain_once(
     mark_delay: float = 0.0,
 ) -> int:
     """Publish one batch. Returns how many rows it published (0: nothing was waiting)."""
-    with engine.begin() as conn:
-        rows = conn.execute(text(CLAIM_SQL), {"batch": batch}).all()
+    with outbox.claimed(engine, batch) as claim:
+        rows = claim.rows
         if not rows:
             return 0
         claimed = time.time_ns()
@@ -86,16 +64,16 @@ def drain_once(
         metrics.relayed(row.age_seconds for row in rows)
         _published(rows, first)
         if tracing.active():
-            _traced(conn, rows, first, claimed)
+            _traced(claim, first, claimed)
         if mark_delay:
             # Chaos knob (CALLGATE_RELAYER_MARK_DELAY_MS): widens the publish-to-mark window
             # so a test can kill the relayer inside it.
             time.sleep(mark_delay)
-        conn.execute(text(MARK_SQL), {"ids": [row.id for row in rows]})
+        claim.mark()
     return len(rows)
 
 
-def _published(rows: Sequence[Row[Any]], first: Sequence[bool]) -> None:
+def _published(rows: Sequence[Any], first: Sequence[bool]) -> None:
     """One log record per published row (at INFO: off at the default level)."""
     if log.isEnabledFor(logging.INFO):
         for row, new in zip(rows, first, strict=True):
@@ -103,16 +81,12 @@ def _published(rows: Sequence[Row[Any]], first: Sequence[bool]) -> None:
             logs.event(log, event, turn_id=row.turn_id, call_ref=row.call_ref)
 
 
-def _traced(
-    conn: Connection, rows: Sequence[Row[Any]], first: Sequence[bool], claimed: int
-) -> None:
+def _traced(claim: outbox.Claim, first: Sequence[bool], claimed: int) -> None:
     """A ``callgate.relay`` span per published row of a traced turn: from the row's commit
     (its age when claimed, on Postgres' clock) to now."""
-    turn_ids = list({row.turn_id for row in rows})
-    found = conn.execute(text(TRACE_CONTEXTS_SQL), {"turns": turn_ids})
-    contexts: dict[Any, dict[str, str]] = {r.turn_id: r.trace_context for r in found}
+    contexts = claim.trace_contexts()
     published = time.time_ns()
-    for row, new in zip(rows, first, strict=True):
+    for row, new in zip(claim.rows, first, strict=True):
         context = contexts.get(row.turn_id)
         if context is not None:
             tracing.relayed(
@@ -161,11 +135,12 @@ def run(
     batch: int,
     poll_seconds: float = 1.0,
     mark_delay: float = 0.0,
+    debounce: float = 0.0,
     stop: threading.Event | None = None,
 ) -> None:
     """Relay until ``stop`` is set, woken by ``LISTEN`` on ``database_url`` (by polling every
-    ``POLL_WITHOUT_LISTEN_SECONDS`` when it is None). Reconnects on its own after Postgres or
-    Redis hiccups."""
+    ``POLL_WITHOUT_LISTEN_SECONDS`` when it is None), ``debounce`` seconds after each wake-up.
+    Reconnects on its own after Postgres or Redis hiccups."""
     stop = stop or threading.Event()
     while not stop.is_set():
         try:
@@ -178,11 +153,13 @@ def run(
                 listener.execute(f"LISTEN {CHANNEL}")
                 drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
                 while not stop.is_set():
-                    # Wake on the first notification or after poll_seconds, take every other
-                    # notification already queued (one drain publishes all their rows), then
-                    # drain.
-                    for _ in listener.notifies(timeout=poll_seconds, stop_after=1):
-                        pass
+                    # Wake on the first notification or after poll_seconds; woken, wait
+                    # ``debounce`` for the completions committing beside it (one batch
+                    # instead of many small ones), take every notification queued by then
+                    # (one drain publishes all their rows), then drain.
+                    woken = any(True for _ in listener.notifies(timeout=poll_seconds, stop_after=1))
+                    if woken and debounce > 0:
+                        stop.wait(debounce)
                     for _ in listener.notifies(timeout=0):
                         pass
                     drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)

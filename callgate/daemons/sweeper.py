@@ -107,7 +107,10 @@ WITH candidates AS (
      WHERE c.is_awaiting AND a.state <> 'pending'
 )
 SELECT c.id, c.state, c.kind, c.dispatches, c.operation_id,
-       op.state AS op_state, op.generation
+       op.state AS op_state, op.generation,
+       -- a job taken longer ago than the job timeout is no longer waiting (a hung read)
+       coalesce(greatest(c.dispatched_at, c.queued_seen_at)
+                < now() - make_interval(secs => :job_timeout), false) AS overdue
   FROM callgate.calls AS c
   JOIN candidates USING (id)
   JOIN callgate.operations AS op USING (operation_id)
@@ -169,6 +172,7 @@ class _Due:
     operation_id: str
     op_state: str
     generation: int
+    overdue: bool = False
 
 
 def sweep_once(
@@ -185,12 +189,22 @@ def sweep_once(
     what it did. A due call whose job Redis still holds is only noted (``SEEN_QUEUED_SQL``)."""
     with engine.begin() as conn:
         due = [
-            _Due(r.id, r.state, r.kind, r.dispatches, r.operation_id, r.op_state, r.generation)
+            _Due(
+                r.id,
+                r.state,
+                r.kind,
+                r.dispatches,
+                r.operation_id,
+                r.op_state,
+                r.generation,
+                r.overdue,
+            )
             for r in conn.execute(
                 text(DUE_SQL),
                 {
                     "stale_seconds": stale_seconds,
                     "successor_grace": successor_grace,
+                    "job_timeout": job_timeout,
                     "batch": batch,
                 },
             )
@@ -228,12 +242,15 @@ def sweep_once(
 
 def _waiting(due: _Due, job: str | None) -> bool:
     """Is the delivery of a due call still under way in Redis? Its job waits in the queue;
-    or, for a call nobody holds, a live worker has taken it (and has not returned it). A
-    call whose lease expired is taken over even if a live worker still lists it: the lease
-    alone decides who runs a reserved call, and that worker has stopped renewing it."""
+    or, for a call nobody holds, a live worker has taken it (and has not returned it) less
+    than a job timeout ago: a read runs with no lease, and one that hangs is dispatched
+    again once the job timeout has passed, as a reserved call whose handler hangs is taken
+    over. A call whose lease expired is taken over even if a live worker still lists it:
+    the lease alone decides who runs a reserved call, and that worker has stopped renewing
+    it."""
     if job == "queued":
         return True
-    return job == "taken" and due.op_state != "in_progress"
+    return job == "taken" and due.op_state != "in_progress" and not due.overdue
 
 
 def _reason(due: _Due) -> str:

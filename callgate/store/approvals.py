@@ -38,7 +38,7 @@ from callgate.core import logs
 from callgate.core.errors import ApprovalError, ErrorCode, ServiceUnavailable
 from callgate.observe import metrics
 from callgate.store import db
-from callgate.store.reservations import CALL_RESULT, FINISH_TAIL, Finished, result_body
+from callgate.store.endings import CALL_RESULT, FINISH_TAIL, Finished, result_body
 
 log = logging.getLogger("callgate.approvals")
 

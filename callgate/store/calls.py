@@ -27,8 +27,11 @@ SELECT c.id, c.turn_id, c.call_id, c.tool_name, c.arguments, c.kind, c.state,
  WHERE c.id = :ref
 """
 
+# The calls one take returned, in one round trip.
+LOAD_MANY_SQL = LOAD_SQL.replace("WHERE c.id = :ref", "WHERE c.id = ANY(CAST(:refs AS uuid[]))")
 
 _LOAD = db.Statement(LOAD_SQL)
+_LOAD_MANY = db.Statement(LOAD_MANY_SQL)
 
 
 @dataclass(frozen=True)
@@ -59,8 +62,18 @@ class CallRecord:
 def load(engine: Engine, ref: uuid.UUID) -> CallRecord | None:
     with db.raw_autocommit(engine) as conn:
         row = conn.first(_LOAD, {"ref": ref})
-    if row is None:
-        return None
+    return None if row is None else _record(row)
+
+
+def load_many(engine: Engine, refs: list[uuid.UUID]) -> dict[uuid.UUID, CallRecord]:
+    """The calls among ``refs`` that exist, by ref."""
+    with db.raw_autocommit(engine) as conn:
+        rows = conn.execute(_LOAD_MANY, {"refs": refs})
+    records = (_record(row) for row in rows)
+    return {r.ref: r for r in records}
+
+
+def _record(row: Any) -> CallRecord:
     data = row._asdict()
     data["ref"] = data.pop("id")
     data["roles"] = tuple(data["roles"])

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Connection, Engine, create_engine
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -74,9 +74,10 @@ def create(
     application_name: str = "callgate",
 ) -> Engine:
     connect_args: dict[str, Any] = {"application_name": application_name, "connect_timeout": 5}
-    if behind_transaction_pooler(url):
+    pooled = behind_transaction_pooler(url)
+    if pooled:
         connect_args["prepare_threshold"] = None  # never prepare: see POOLER_PARAMETER
-    return create_engine(
+    engine = create_engine(
         sqlalchemy_url(url),
         pool_size=pool_size,
         max_overflow=max(4, pool_size) if max_overflow is None else max_overflow,
@@ -86,6 +87,24 @@ def create(
         pool_recycle=600,
         connect_args=connect_args,
     )
+    if not pooled:
+        event.listen(engine, "connect", _generic_plans)
+    return engine
+
+
+def _generic_plans(driver: Any, _record: Any) -> None:
+    """Prepared statements use their generic plan from the first run. Left to itself
+    (``auto``), Postgres plans a statement again on every run while it estimates a plan for
+    the values at hand cheaper: a statement over ``unnest`` of array parameters (a batch of
+    endings) is then re-planned every time, about 1 ms of server CPU for a CTE that runs in
+    0.2 ms. Every statement callgate prepares is an index lookup whose plan does not depend
+    on the values."""
+    # Outside a transaction: one statement on a new connection, no BEGIN or COMMIT.
+    driver.autocommit = True
+    try:
+        driver.execute("SET plan_cache_mode = force_generic_plan")
+    finally:
+        driver.autocommit = False
 
 
 @contextmanager

@@ -25,7 +25,7 @@ from sqlalchemy import Engine, text
 from callgate.core.errors import ErrorCode, InputError, ReconciliationError, ServiceUnavailable
 from callgate.core.types import TRUST_LABEL
 from callgate.store import db
-from callgate.store.reservations import result_body
+from callgate.store.endings import result_body
 
 Outcome = Literal["succeeded", "failed"]
 

@@ -35,19 +35,24 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import psycopg
 from sqlalchemy import Connection, Engine, text
-from sqlalchemy.exc import DataError, OperationalError
 
 from callgate.core.errors import UnstorableValue
 from callgate.core.types import TERMINAL_STATES
 from callgate.store import db
-
-_T = TypeVar("_T")
+from callgate.store.endings import (
+    CALL_RESULT,
+    FINISH_TAIL,
+    OPERATION_TAIL,
+    Finished,
+    result_body,
+    storing,
+)
 
 RESERVE_SQL = """
 WITH live AS (
@@ -156,71 +161,6 @@ SELECT operation_id, owner_token, generation, false AS renewed FROM guarded
 RENEW_LOCK_WAIT_MS = 200
 BOUNDED_LOCK_WAIT_SQL = "SELECT set_config('lock_timeout', :lock_timeout, true)"
 
-
-def call_result(call_id: str, tool_name: str) -> str:
-    """The head of a call's terminal result document: its ids, to which ``||`` joins the
-    body (status, then data or error). Every statement that ends a call builds the result
-    this way, so a result always names its call and tool, whichever path ended it."""
-    return f"jsonb_build_object('call_id', {call_id}, 'tool_name', {tool_name})"
-
-
-# ``call_result`` of the row being ended, in statements that update ``callgate.calls AS c``.
-CALL_RESULT = call_result("c.call_id", "c.tool_name")
-
-
-def _finishing_tail(next_calls: str) -> str:
-    """The tail shared by every statement that ends calls: `finished` holds the calls just
-    made terminal (id, turn_id, result, status). Their outbox rows, trace events, the
-    relayer's wake-up and the dispatch of the calls this unblocks (``next_calls``, a query
-    of their ids) happen in the same statement."""
-    return (
-        """
-, outboxed AS (
-    INSERT INTO callgate.outbox (turn_id, call_ref, payload)
-    SELECT turn_id, id, result FROM finished
-    RETURNING id
-), traced AS (
-    INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, generation, detail)
-    SELECT turn_id, id, operation_id, CAST(:event AS text), CAST(:generation AS integer),
-           jsonb_build_object('status', status, 'code', result #>> '{error,code}')
-             || CAST(:detail AS jsonb)
-      FROM finished
-), woken AS (
-    SELECT pg_notify('callgate_outbox', '') FROM (SELECT 1 FROM outboxed LIMIT 1) AS any_row
-), successors AS (
-    UPDATE callgate.calls AS s
-       SET dispatched_at = now(), dispatches = s.dispatches + 1
-      FROM ("""
-        + next_calls
-        + """
-           ) AS next
-     WHERE s.id = next.id AND s.state = 'proposed'
-    RETURNING s.id
-)
-SELECT (SELECT count(*) FROM finished) AS finished,
-       (SELECT count(*) FROM woken) AS woken,
-       (SELECT coalesce(array_agg(id), '{}') FROM successors) AS successors
-"""
-    )
-
-
-# The next write of each finished call's turn.
-_NEXT_WRITE = """
-SELECT n.id FROM finished JOIN callgate.calls AS n ON n.after_call = finished.id"""
-
-# For statements that settle an operation's outcome, also the other calls waiting on it:
-# each reuses the outcome, or gets idempotency_conflict, when it runs the gate.
-_WAITING_ON_OPERATION = """
-UNION
-SELECT n.id
-  FROM finished
-  JOIN callgate.calls AS n ON n.operation_id = finished.operation_id
-  LEFT JOIN callgate.calls AS prev ON prev.id = n.after_call
- WHERE n.id NOT IN (SELECT id FROM finished)
-   AND (prev.id IS NULL OR prev.state IN ('succeeded', 'failed_retryable', 'failed_terminal'))"""
-
-FINISH_TAIL = _finishing_tail(_NEXT_WRITE)
-OPERATION_TAIL = _finishing_tail(_NEXT_WRITE + _WAITING_ON_OPERATION)
 
 # Calls first, in id order, then the operation: the order every statement here locks in.
 LOCK_CALLS = """
@@ -439,13 +379,6 @@ class NotReserved:
 
 
 @dataclass(frozen=True)
-class Finished:
-    finished: int
-    successors: list[uuid.UUID]
-    won: bool = True
-
-
-@dataclass(frozen=True)
 class Lease:
     operation_id: str
     owner_token: uuid.UUID
@@ -589,12 +522,6 @@ def renew_many(conn: db.RawConnection, leases: list[tuple[Lease, float]]) -> Ren
     return Renewal(renewed, busy)
 
 
-def result_body(status: str, payload: dict[str, Any]) -> str:
-    """``{"status", "data"}`` or ``{"status", "error"}``: a result without its call's ids."""
-    key = "data" if status == "succeeded" else "error"
-    return json.dumps({"status": status, key: payload}, allow_nan=False)
-
-
 def complete(
     engine: Engine,
     lease: Lease,
@@ -647,7 +574,7 @@ def complete(
                 return Finished(0, [], won=mine is not None)
             return Finished(0, [], won=False)
 
-    return _storing(attempt, seconds=max(retry_seconds, db.TRANSIENT_SECONDS))
+    return storing(attempt, seconds=max(retry_seconds, db.TRANSIENT_SECONDS))
 
 
 def refuse(
@@ -687,7 +614,7 @@ def refuse(
             assert isinstance(lost, NotReserved)  # no owner token: never our reservation
             return lost
 
-    return _storing(attempt)
+    return storing(attempt)
 
 
 def reject(
@@ -707,7 +634,7 @@ def reject(
         "generation": None,
         "detail": json.dumps(detail or {}),
     }
-    return _storing(lambda: _finish_statement(engine, _REJECT, params))
+    return storing(lambda: _finish_statement(engine, _REJECT, params))
 
 
 def reuse(
@@ -721,7 +648,7 @@ def reuse(
         "generation": None,
         "detail": json.dumps(detail or {}),
     }
-    return _storing(lambda: _finish_statement(engine, _REUSE, params))
+    return storing(lambda: _finish_statement(engine, _REUSE, params))
 
 
 def conclude(
@@ -776,19 +703,6 @@ def _finish_statement(engine: Engine, sql: db.Statement, params: dict[str, Any])
     with db.raw_autocommit(engine) as conn:
         row = conn.one(sql, params)
     return Finished(row.finished, list(row.successors))
-
-
-def _storing(attempt: Callable[[], _T], *, seconds: float = db.TRANSIENT_SECONDS) -> _T:
-    """Run a statement that stores a result: retried while the failure is transient; a
-    value Postgres refuses to store (a NUL character, an invalid escape) is reported as
-    ``UnstorableValue``, since no retry can ever commit it."""
-    try:
-        return db.retry_until(attempt, seconds=seconds)
-    except (DataError, OperationalError) as exc:
-        if isinstance(exc, OperationalError) and db.is_transient(exc):
-            raise  # out of retries: the job fails, and the sweeper dispatches the call again
-        reason = str(exc.orig).strip().splitlines()[0] if str(exc.orig).strip() else "DataError"
-        raise UnstorableValue(f"PostgreSQL cannot store this result ({reason})") from exc
 
 
 def trace(

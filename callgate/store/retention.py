@@ -48,12 +48,13 @@ WITH doomed AS ({_DUE}
     DELETE FROM callgate.outbox AS o USING gone_calls WHERE o.call_ref = gone_calls.id
     RETURNING o.id
 ), doomed_operations AS (
-    -- Finished operations no remaining call uses; never one awaiting reconciliation. A call
-    -- that starts to use one concurrently makes this statement fail its foreign key check
-    -- and roll back whole (prune then tries again).
+    -- Operations no remaining call uses and nobody holds (finished, or still pending: a
+    -- read's, which ends with no reservation, or one whose call was refused); never one
+    -- awaiting reconciliation. A call that starts to use one concurrently makes this
+    -- statement fail its foreign key check and roll back whole (prune then tries again).
     SELECT op.operation_id FROM callgate.operations AS op
      WHERE op.operation_id IN (SELECT operation_id FROM gone_calls)
-       AND op.state IN ('succeeded', 'failed')
+       AND op.state IN ('pending', 'succeeded', 'failed')
        AND coalesce(op.result #>> '{{error,code}}', '') <> 'reconciliation_pending'
        AND NOT EXISTS (SELECT 1 FROM callgate.calls AS c
                         WHERE c.operation_id = op.operation_id

@@ -156,6 +156,9 @@ calls = Table(
     Column("queued_seen_at", DateTime(timezone=True)),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("completed_at", DateTime(timezone=True)),
+    # A read's audit (verdicts, hashes, duration), written with its result: reads end
+    # without a trace_events row. See migration 0014 and ``callgate.store.endings``.
+    Column("audit", JSONB),
     # What the partial indexes filter on instead of ``state`` (which every call changes
     # twice): an update that leaves these alone touches no index. See migration 0013.
     Column(

@@ -9,36 +9,67 @@ from sqlalchemy import Engine, text
 
 from callgate.core.errors import UnknownTurn
 
+# A read ends without a trace_events row: its audit is stored on the call row
+# (``calls.audit``), shown here as the call's ``completed`` event, ordered with the others.
+_READ_AUDIT = """
+SELECT c.completed_at AS at, CAST(c.turn_id AS text) AS turn_id, c.call_id, c.tool_name,
+       c.operation_id, 'completed' AS event, CAST(NULL AS integer) AS generation,
+       jsonb_build_object('status', c.state, 'code', c.result #>> '{error,code}')
+         || (c.audit - 'delivery') AS detail,
+       0 AS seq
+  FROM callgate.calls AS c
+ WHERE c.audit IS NOT NULL"""
+
+_EVENT = """
+SELECT e.at, CAST(COALESCE(e.turn_id, c.turn_id) AS text) AS turn_id, c.call_id, c.tool_name,
+       e.operation_id, e.event, e.generation, e.detail, e.id AS seq"""
+
 # With :tenant, only that tenant's turns; with :user too, only that user's (the API scopes a
 # trace as it scopes results, unless the key may read its whole tenant's). Another's trace
 # answers like a missing one.
-TRACE_SQL = """
-SELECT e.at, CAST(COALESCE(e.turn_id, c.turn_id) AS text) AS turn_id, c.call_id, c.tool_name,
-       e.operation_id, e.event, e.generation, e.detail
-  FROM callgate.trace_events AS e
-  LEFT JOIN callgate.calls AS c ON c.id = e.call_ref
- WHERE (e.turn_id = :id OR e.call_ref = :id)
+_SCOPE = """
    AND (CAST(:tenant AS text) IS NULL
         OR EXISTS (SELECT 1 FROM callgate.turns AS t
-                    WHERE t.turn_id = e.turn_id AND t.tenant_id = :tenant
-                      AND (CAST(:user AS text) IS NULL OR t.user_id = :user)))
- ORDER BY e.at, e.id
+                    WHERE t.turn_id = {turn} AND t.tenant_id = :tenant
+                      AND (CAST(:user AS text) IS NULL OR t.user_id = :user)))"""
+
+TRACE_SQL = (
+    "SELECT at, turn_id, call_id, tool_name, operation_id, event, generation, detail FROM ("
+    + _EVENT
+    + """
+  FROM callgate.trace_events AS e
+  LEFT JOIN callgate.calls AS c ON c.id = e.call_ref
+ WHERE (e.turn_id = :id OR e.call_ref = :id)"""
+    + _SCOPE.format(turn="e.turn_id")
+    + "\nUNION ALL"
+    + _READ_AUDIT
+    + "\n   AND (c.turn_id = :id OR c.id = :id)"
+    + _SCOPE.format(turn="c.turn_id")
+    + """
+) AS trace
+ ORDER BY at, seq
 """
+)
 
 # A provider's call id (``call_42``) names a call within a turn; it may recur across turns,
 # so each turn's events come together (turns in the order they began), never interleaved.
-BY_CALL_ID_SQL = """
-SELECT e.at, CAST(COALESCE(e.turn_id, c.turn_id) AS text) AS turn_id, c.call_id, c.tool_name,
-       e.operation_id, e.event, e.generation, e.detail
+BY_CALL_ID_SQL = (
+    "SELECT at, turn_id, call_id, tool_name, operation_id, event, generation, detail FROM ("
+    + _EVENT
+    + """
   FROM callgate.calls AS c
   JOIN callgate.trace_events AS e ON e.call_ref = c.id
- WHERE c.call_id = :call_id
-   AND (CAST(:tenant AS text) IS NULL
-        OR EXISTS (SELECT 1 FROM callgate.turns AS t
-                    WHERE t.turn_id = c.turn_id AND t.tenant_id = :tenant
-                      AND (CAST(:user AS text) IS NULL OR t.user_id = :user)))
- ORDER BY min(e.at) OVER (PARTITION BY c.turn_id), c.turn_id, e.at, e.id
+ WHERE c.call_id = :call_id"""
+    + _SCOPE.format(turn="c.turn_id")
+    + "\nUNION ALL"
+    + _READ_AUDIT
+    + "\n   AND c.call_id = :call_id"
+    + _SCOPE.format(turn="c.turn_id")
+    + """
+) AS trace
+ ORDER BY min(at) OVER (PARTITION BY turn_id), turn_id, at, seq
 """
+)
 
 
 def events(

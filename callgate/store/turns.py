@@ -14,7 +14,7 @@ from callgate.core.errors import ErrorCode, InputError, UnknownTurn
 from callgate.core.types import CallContext, ProposedCall, Turn, TurnCall
 from callgate.core.values import printable
 from callgate.store import db
-from callgate.store.reservations import call_result
+from callgate.store.endings import call_result
 from callgate.store.schema import calls, turns
 
 RAW_ARGUMENTS = "$raw"  # key under which unparsed argument strings are stored

@@ -133,6 +133,28 @@ class Downstream:
     status_lookup: bool = False
 
 
+def _refuse_read_contracts(tool: Tool) -> None:
+    """A read runs with no reservation: a duplicate delivery may run it twice, and it gets
+    no fence, no key kept per operation, no status lookup after a crash. A read that
+    declares one of those is a write declared as a read, and would lose at-most-once."""
+    declared = [
+        name
+        for name, on in (
+            ("lookup", tool.lookup is not None),
+            ("Downstream(idempotency_keys=True)", tool.downstream.idempotency_keys),
+            ("Downstream(fencing=True)", tool.downstream.fencing),
+            ("Downstream(status_lookup=True)", tool.downstream.status_lookup),
+        )
+        if on
+    ]
+    if declared:
+        raise ConfigurationError(
+            f"tool {tool.name!r} is declared kind='read' but also {', '.join(declared)}: a "
+            "read may run more than once and gets no idempotency key, fence or status "
+            "lookup; if it changes anything downstream, declare it kind='write'"
+        )
+
+
 @dataclass(frozen=True)
 class ResultLimits:
     """Caps applied to every result before a model sees it."""
@@ -182,6 +204,8 @@ class Tool:
     policy_version: str = "1"
 
     def __post_init__(self) -> None:
+        if self.kind == "read":
+            _refuse_read_contracts(self)
         if self.audit_field is not None and not (
             isinstance(self.audit_field, str) and self.audit_field
         ):

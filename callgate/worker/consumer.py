@@ -29,8 +29,8 @@ from rq import SimpleWorker
 from callgate.core.errors import ServiceUnavailable
 from callgate.observe import metrics
 from callgate.queue import rq_format, transport
-from callgate.store import db
-from callgate.worker import executor, heartbeat
+from callgate.store import calls, db
+from callgate.worker import executor, group_commit, heartbeat
 from callgate.worker.runtime import Runtime
 
 log = logging.getLogger("callgate.worker")
@@ -41,6 +41,9 @@ REGISTRATION_HEARTBEAT_SECONDS = 60.0
 # worker, up to this many deliveries in all, this long apart.
 OUTAGE_DELIVERIES = 3
 OUTAGE_PAUSE_SECONDS = 1.0
+# With calls in flight, how long the consumer waits for half its slots to be free before it
+# takes more (at most: a slot that frees alone is filled after this long).
+GATHER_SECONDS = 0.002
 
 
 class Consumer:
@@ -87,6 +90,7 @@ class Consumer:
         # into the taken hash, so the next take first looks there for jobs it never got.
         self._reconcile = False
         self._liveness = Liveness(rt, self.name)
+        self._endings = group_commit.for_engine(rt.engine)
 
     def stop(self) -> None:
         """Take no more calls; the ones in flight finish (within the grace period, counted
@@ -123,12 +127,15 @@ class Consumer:
                         break
                     continue
                 metrics.calls_taken(len(refs))
+                loaded = self._load([ref for _, ref in refs])
                 for job_id, ref in refs:
                     with self._slots:
                         self.in_flight += 1
                         self._running.add(job_id)
                     metrics.WORKER_IN_FLIGHT.inc()
-                    pool.submit(self._run_one, job_id, ref)
+                    # Counted from now: a read that ends first waits (briefly) for these.
+                    ticket = self._endings.enter()
+                    pool.submit(self._run_one, job_id, ref, loaded.get(ref), ticket)
                 if time.monotonic() >= next_heartbeat:
                     with contextlib.suppress(RedisError):
                         self._registration.heartbeat()
@@ -148,6 +155,17 @@ class Consumer:
         with self._slots:
             while self.in_flight >= self.concurrency and not self._stopping.is_set():
                 self._slots.wait(POLL_SECONDS)
+            # Busy: let more slots free, briefly, so that one take, one load and one ending
+            # statement serve several calls instead of one each.
+            deadline = time.monotonic() + GATHER_SECONDS
+            want = max(1, self.concurrency // 2)
+            while (
+                self.in_flight > 0
+                and self.concurrency - self.in_flight < want
+                and not self._stopping.is_set()
+                and (left := deadline - time.monotonic()) > 0
+            ):
+                self._slots.wait(left)
             return 0 if self._stopping.is_set() else self.concurrency - self.in_flight
 
     def _take(self, count: int) -> list[tuple[str, uuid.UUID]]:
@@ -218,11 +236,31 @@ class Consumer:
             returned, self._returned = self._returned, []
         return returned
 
-    def _run_one(self, job_id: str, ref: uuid.UUID) -> None:
+    def _load(self, refs: list[uuid.UUID]) -> dict[uuid.UUID, calls.CallRecord]:
+        """The records of a take's calls in one round trip (two or more of them). Any it
+        cannot read now, each delivery reads on its own, with its own retries."""
+        if len(refs) < 2:
+            return {}
+        try:
+            return calls.load_many(self.rt.engine, refs)
+        except Exception as exc:
+            log.warning("cannot load %d taken call(s) together (%s); one by one", len(refs), exc)
+            return {}
+
+    def _run_one(
+        self,
+        job_id: str,
+        ref: uuid.UUID,
+        loaded: calls.CallRecord | None = None,
+        ticket: group_commit.Ticket | None = None,
+    ) -> None:
         try:
             for attempt in range(1, OUTAGE_DELIVERIES + 1):
                 try:
-                    executor.execute(self.rt, ref)
+                    if attempt == 1:
+                        executor.execute(self.rt, ref, loaded, ticket)
+                    else:
+                        executor.execute(self.rt, ref)
                     break
                 except Exception as exc:
                     if attempt < OUTAGE_DELIVERIES and _outage(exc):
@@ -246,6 +284,8 @@ class Consumer:
                         log.exception("delivery of call %s failed", ref)
                     break
         finally:
+            if ticket is not None:
+                self._endings.leave(ticket)
             metrics.WORKER_IN_FLIGHT.dec()
             with self._slots:
                 self._running.discard(job_id)

@@ -79,6 +79,12 @@ def parked(call: CallRecord, tool: str, approval_id: Any) -> None:
     _event(logging.INFO, "awaiting_approval", call, tool, approval_id=approval_id)
 
 
+def admitted(call: CallRecord, tool: str, since: float) -> None:
+    """A read passed the gate and runs, with no reservation (a read's fast path)."""
+    metrics.gate_verdict(tool, time.monotonic() - since)
+    _event(logging.INFO, "admitted", call, tool)
+
+
 def reserved(call: CallRecord, tool: str, generation: int, takeover: bool, since: float) -> None:
     """The operation is this delivery's at ``generation``: the gate's verdict was to run."""
     metrics.gate_verdict(tool, time.monotonic() - since)

@@ -19,7 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel
 from tenacity import (
@@ -44,13 +44,13 @@ from callgate.core.settings import Settings
 from callgate.core.types import TERMINAL_STATES
 from callgate.observe import metrics, tracing
 from callgate.queue import transport
-from callgate.store import approvals, calls, db, reservations
+from callgate.store import approvals, calls, db, endings, reservations
 from callgate.store.trace import attempt_spans
 from callgate.store.turns import RAW_ARGUMENTS
 from callgate.tools import gate, redaction, results
 from callgate.tools.intent import idempotency_key, intent_hash
 from callgate.tools.registry import Arguments, ExecutionContext, Facts, Principal, Tool
-from callgate.worker import aio, events
+from callgate.worker import aio, events, group_commit
 from callgate.worker.events import DeliveryOutcome
 from callgate.worker.heartbeat import Heartbeat
 from callgate.worker.runtime import Runtime
@@ -70,7 +70,13 @@ BACKOFF = wait_exponential(multiplier=0.1, max=2) + wait_random(0, 0.1)
 class _Delivery:
     """One delivery's call record, audit detail and trace helper."""
 
-    def __init__(self, rt: Runtime, call: calls.CallRecord) -> None:
+    def __init__(
+        self,
+        rt: Runtime,
+        call: calls.CallRecord,
+        batch: group_commit.GroupCommit,
+        ticket: group_commit.Ticket,
+    ) -> None:
         self.rt = rt
         self.call = call
         self.loaded = time.monotonic()  # the gate-latency histogram starts here
@@ -84,6 +90,9 @@ class _Delivery:
             "verdicts": self.verdicts,
         }
         self.spans = tracing.NOT_TRACED
+        # Reads finishing together end in one statement; this delivery's place among them.
+        self.batch = batch
+        self.ticket = ticket
         # The call's status and error code once this delivery ended it (for its span).
         self.status: str | None = None
         self.code: str | None = None
@@ -100,13 +109,27 @@ class _Delivery:
         )
 
 
-def execute(rt: Runtime, ref: uuid.UUID) -> DeliveryOutcome:
-    """Run one delivery of call ``ref``. Returns what happened, for logs and tests."""
-    call = db.retry_transient(lambda: calls.load(rt.engine, ref))
+def execute(
+    rt: Runtime,
+    ref: uuid.UUID,
+    loaded: calls.CallRecord | None = None,
+    ticket: group_commit.Ticket | None = None,
+) -> DeliveryOutcome:
+    """Run one delivery of call ``ref`` (``loaded``: its record, read with the others of its
+    take; ``ticket``: its place among the reads that may end with it, taken when it was
+    taken off the queue). Returns what happened, for logs and tests."""
+    batch = group_commit.for_engine(rt.engine)
+    ticket = ticket or batch.enter()
+    try:
+        call = loaded or db.retry_transient(lambda: calls.load(rt.engine, ref))
+    except BaseException:
+        batch.leave(ticket)
+        raise
     if call is None:
+        batch.leave(ticket)
         log.warning("job for unknown call %s dropped", ref)
         return DeliveryOutcome.UNKNOWN_CALL
-    d = _Delivery(rt, call)
+    d = _Delivery(rt, call, batch, ticket)
     metrics.queue_waited(call.queue_wait_seconds)
     with tracing.delivering(
         tool_name=call.tool_name,
@@ -123,7 +146,10 @@ def execute(rt: Runtime, ref: uuid.UUID) -> DeliveryOutcome:
             else None
         ),
     ) as d.spans:
-        outcome = _execute(d)
+        try:
+            outcome = _execute(d)
+        finally:
+            d.batch.leave(d.ticket)
         d.spans.finish(outcome.value, d.status, d.code, d.verdicts)
         return outcome
 
@@ -233,6 +259,8 @@ def _deliver(d: _Delivery) -> DeliveryOutcome:
         if parked is not None:
             return parked
 
+    if tool.kind == "read" and call.op_state == "pending" and call.op_intent is None:
+        return _run_read(d, tool, args, key, facts)
     return _run(d, tool, args, key, intent, facts)
 
 
@@ -317,6 +345,7 @@ def _run(
     d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts: Facts
 ) -> DeliveryOutcome:
     rt, call = d.rt, d.call
+    d.batch.leave(d.ticket)  # a reservation's path: no read ending from this delivery
     owner = uuid.uuid4()
     sent = time.monotonic()
     d.spans.stage(tracing.RESERVATION)
@@ -383,12 +412,91 @@ def _run(
     return _complete(d, lease, outcome)
 
 
+class _Deadline:
+    """A read's stand-in for a lease: it holds until the job timeout. A read has no
+    reservation; a sweeper dispatches it again only once its worker is gone (or the job
+    timeout passed), and only the first result committed counts."""
+
+    def __init__(self, seconds: float) -> None:
+        self._until = time.monotonic() + seconds
+
+    def expired(self) -> bool:
+        return time.monotonic() >= self._until
+
+
+def _run_read(d: _Delivery, tool: Tool, args: Arguments, key: str, facts: Facts) -> DeliveryOutcome:
+    """A read's fast path: no reservation, no lease, no operation row written. The handler
+    runs and the call ends through ``endings.end_reads``, whose guard on the call's state is
+    the only compare-and-set: a duplicate delivery may run the read again, and its result
+    then matches no open call and is dropped."""
+    rt, call = d.rt, d.call
+    events.admitted(call, d.tool, d.loaded)
+    d.spans.stage(tracing.HANDLER)
+    started = time.monotonic()
+    detail = dict(d.audit)
+    deadline = _Deadline(rt.settings.job_timeout_seconds)
+    ctx = ExecutionContext(
+        tenant_id=call.tenant_id,
+        user_id=call.user_id,
+        operation_id=call.operation_id,
+        idempotency_key=key,
+        fencing_token=0,  # nothing to fence: a read changes nothing downstream
+        request_id=call.request_id,
+        canonical=facts.canonical,
+        lease_lost=deadline.expired,
+        on_effect=metrics.effect_reporter(tool.name, tool.kind),
+    )
+    try:
+        outcome = _handle(d, tool, args, ctx, deadline, detail)
+    except StaleFence:  # a read handler that raised it: a bug of the tool's, like any other
+        log.exception("handler %s failed", tool.name)
+        outcome = _failed(ErrorCode.EXECUTION_FAILED, "the tool failed")
+    detail["duration_ms"] = round((time.monotonic() - started) * 1000, 1)
+    metrics.executed(tool.name, time.monotonic() - started)
+    d.audit = detail
+    d.spans.stage(tracing.COMPLETION)
+    return _end_read(d, outcome)
+
+
+def _end_read(d: _Delivery, outcome: _Outcome) -> DeliveryOutcome:
+    """Commit a read's outcome unless the call already ended, in a batch with the reads
+    finishing beside it. A result Postgres cannot store ends the call with
+    ``execution_failed``."""
+    call = d.call
+    # The result exists only here: an outage shorter than a lease must not drop it.
+    retry = d.rt.settings.lease_seconds
+    try:
+        one = endings.ending(call.ref, outcome.status, outcome.payload, d.audit)
+        ended, successors = d.batch.end(one, d.ticket, retry_seconds=retry)
+    except UnstorableValue as exc:
+        log.warning("call %s: %s", call.call_id, exc.message)
+        outcome = _failed(ErrorCode.EXECUTION_FAILED, "the result cannot be stored")
+        audit = {**d.audit, "unstorable": True}
+        one = endings.ending(call.ref, outcome.status, outcome.payload, audit)
+        ended, successors = d.batch.end(one, d.ticket, retry_seconds=retry)
+    transport.dispatch_after_commit(
+        d.rt.queue, successors, timeout=d.rt.settings.job_timeout_seconds, who="worker"
+    )
+    if not ended:
+        # Another delivery of this read ended the call first; its result stands.
+        d.trace("duplicate_delivery", reason="ended", status=outcome.status)
+        return DeliveryOutcome.DUPLICATE_DELIVERY
+    code = outcome.payload.get("code")
+    d.status, d.code = outcome.status, code
+    events.completed(call, d.tool, outcome.status, code, 1)
+    return DeliveryOutcome(outcome.status)
+
+
+class _Lease(Protocol):
+    def expired(self) -> bool: ...
+
+
 def _handle(
     d: _Delivery,
     tool: Tool,
     args: Arguments,
     ctx: ExecutionContext,
-    heartbeat: Heartbeat,
+    heartbeat: _Lease,
     detail: dict[str, Any],
 ) -> _Outcome:
     """Run the handler and classify what happened. ``StaleFence`` propagates."""
@@ -694,7 +802,7 @@ def _run_handler(
     tool: Tool,
     args: Arguments,
     ctx: ExecutionContext,
-    heartbeat: Heartbeat,
+    heartbeat: _Lease,
     *,
     attempts: int,
     budget_seconds: float,
@@ -714,7 +822,7 @@ def _run_handler(
     return result
 
 
-def _finish(rt: Runtime, finished: reservations.Finished) -> None:
+def _finish(rt: Runtime, finished: endings.Finished) -> None:
     """Dispatch the calls a finish unblocked (committed: the sweeper covers a Redis
     failure)."""
     transport.dispatch_after_commit(

@@ -56,12 +56,16 @@ def passed(name: str, *, embedded: bool = False) -> dict[str, Any]:
 # --- redelivery ---------------------------------------------------------------------------
 
 
-def test_duplicate_delivery_runs_each_handler_once() -> None:
+def test_duplicate_delivery_runs_each_write_once() -> None:
     row = passed("duplicate-delivery")
     c = row["counts"]
     assert row["faults_injected"][0]["jobs"] == 3 * c["calls"]
-    assert c["invocations"] == c["calls"] == 12
-    assert c["reservations"] == c["calls"] and c["takeovers"] == 0
+    # A write's handler runs once; a read takes no reservation and may run again for a
+    # copy that arrives while it runs (its result is still committed and published once:
+    # the runner's one-result-per-call invariant).
+    assert c["write_invocations"] == c["writes"] == 9
+    assert c["calls"] <= c["invocations"] <= c["writes"] + 4 * 3
+    assert c["reservations"] == c["writes"] and c["takeovers"] == 0
     # one refund, one e-mail and one charge per turn: one change each downstream
     assert c["side_effects"] == c["writes"] == 9
     assert c["duplicates"] >= 1

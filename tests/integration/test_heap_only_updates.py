@@ -13,7 +13,7 @@ import uuid
 
 from sqlalchemy import Connection, Engine, text
 
-from callgate.store import reservations
+from callgate.store import endings, reservations
 
 from .test_reservations import _record, _scalar
 
@@ -55,7 +55,7 @@ def test_reserve_and_complete_update_their_rows_in_place(engine: Engine) -> None
                 "intent_hash": "intent-1",
                 "op_state": "succeeded",
                 "status": "succeeded",
-                "body": reservations.result_body("succeeded", {"sent": True}),
+                "body": endings.result_body("succeeded", {"sent": True}),
                 "event": "completed",
                 "detail": json.dumps({}),
             },

@@ -19,7 +19,7 @@ from callgate.core.types import CallContext, ProposedCall
 from callgate.daemons import sweeper
 from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
-from callgate.store import reservations, turns
+from callgate.store import endings, reservations, turns
 from callgate.tools.registry import ExecutionContext
 from callgate.worker.heartbeat import Heartbeat
 
@@ -243,7 +243,7 @@ def test_completion_locks_the_calls_before_the_operation(engine: Engine) -> None
     time.sleep(1.2)  # backends report their counters at most once a second
     assert _deadlocks(engine) == deadlocks
     (done,) = outcome
-    assert isinstance(done, reservations.Finished) and done.won and done.finished == 1
+    assert isinstance(done, endings.Finished) and done.won and done.finished == 1
 
 
 def _deadlocks(engine: Engine) -> int:
@@ -294,7 +294,10 @@ def test_the_sweeper_reads_only_open_and_parked_calls(engine: Engine) -> None:
         plans = [
             conn.execute(text("EXPLAIN (FORMAT JSON) " + sql), params).scalar()
             for sql, params in (
-                (sweeper.DUE_SQL, {"stale_seconds": 60, "successor_grace": 5, "batch": 100}),
+                (
+                    sweeper.DUE_SQL,
+                    {"stale_seconds": 60, "successor_grace": 5, "job_timeout": 300, "batch": 100},
+                ),
                 # The recovery of a Redis found empty: every open call, no refs.
                 (
                     sweeper.LOST_SQL,

@@ -110,6 +110,7 @@ def _quotes() -> list[tuple[str, bool, str, str, str]]:
 def test_the_guarantee_statements_are_quoted() -> None:
     quoted = {f"{m}.{n}" for page, _, m, n, _ in _quotes() if page == "guarantees.md"}
     for name in (
+        "callgate.store.endings.END_READS_SQL",
         "callgate.store.reservations.RESERVE_SQL",
         "callgate.store.reservations.RENEW_SQL",
         "callgate.store.reservations.COMPLETE_SQL",
@@ -117,8 +118,8 @@ def test_the_guarantee_statements_are_quoted() -> None:
         "callgate.store.reservations.ABANDON_SQL",
         "callgate.daemons.sweeper.DUE_SQL",
         "callgate.daemons.sweeper.MARK_SQL",
-        "callgate.daemons.relayer.CLAIM_SQL",
-        "callgate.daemons.relayer.MARK_SQL",
+        "callgate.store.outbox.CLAIM_SQL",
+        "callgate.store.outbox.MARK_SQL",
     ):
         assert name in quoted, f"docs/guarantees.md should quote {name}"
 

@@ -51,3 +51,24 @@ def test_no_registry_is_a_configuration_error(env: dict[str, str]) -> None:
 def test_the_demo_registry_loads_only_when_named() -> None:
     loaded = registry.from_env({"CALLGATE_TOOLS": "callgate.ops.lab.demo.tools:demo_registry"})
     assert loaded.tools.keys() == demo_registry().tools.keys()
+
+
+@pytest.mark.parametrize(
+    "declared",
+    [
+        {"lookup": lambda args, ctx: None},
+        {"downstream": registry.Downstream(idempotency_keys=True)},
+        {"downstream": registry.Downstream(fencing=True)},
+        {"downstream": registry.Downstream(status_lookup=True)},
+    ],
+    ids=["lookup", "idempotency_keys", "fencing", "status_lookup"],
+)
+def test_a_read_that_declares_a_writes_contract_is_refused(declared: dict[str, Any]) -> None:
+    # A read may run twice and gets no key, fence or lookup: a tool that counts on one is a
+    # write, and registering it as a read would lose at-most-once without a word.
+    with pytest.raises(ConfigurationError) as info:
+        Tool("peek", "Look, maybe change.", SCHEMA, "read", _noop, effect=READ_ONLY, **declared)
+    assert info.value.code == ErrorCode.INVALID_CONFIGURATION
+    assert "kind='write'" in info.value.message and "\n" not in info.value.message
+    # The same declarations on a write are its contract.
+    Tool("peek", "Look, maybe change.", SCHEMA, "write", _noop, **declared)

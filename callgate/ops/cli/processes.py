@@ -121,6 +121,7 @@ def relayer_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
             queue=settings.queue,
             batch=settings.relayer_batch,
             mark_delay=delay,
+            debounce=settings.relayer_debounce_ms / 1000,
             stop=stop,
         )
 

@@ -15,16 +15,23 @@ from sqlalchemy import Engine, text
 
 from callgate.ops.lab.bench.procs import BenchError
 
-# Over the calls of the given turns: how many, how many ended, the first reservation, the
-# last completion, the last publish and the last trace event (a duplicate delivery may come
-# after the completion it duplicates).
-WINDOW_SQL = """
+# When a read started running: a read has no reservation, and its audit on the call row
+# says how long its handler ran before the completion.
+READ_STARTED = (
+    "c.completed_at - make_interval(secs => CAST(c.audit ->> 'duration_ms' AS float8) / 1000)"
+)
+
+# Over the calls of the given turns: how many, how many ended, the first reservation (or
+# the first read's start), the last completion, the last publish and the last trace event (a
+# duplicate delivery may come after the completion it duplicates).
+WINDOW_SQL = f"""
 SELECT count(*) AS calls,
        count(*) FILTER (WHERE c.state IN ('succeeded', 'failed_retryable', 'failed_terminal'))
            AS terminal,
        count(*) FILTER (WHERE c.state = 'succeeded') AS succeeded,
-       (SELECT min(e.at) FROM callgate.trace_events AS e
-         WHERE e.turn_id = ANY(CAST(:turns AS uuid[])) AND e.event = 'reserved')
+       least((SELECT min(e.at) FROM callgate.trace_events AS e
+               WHERE e.turn_id = ANY(CAST(:turns AS uuid[])) AND e.event = 'reserved'),
+             min({READ_STARTED}) FILTER (WHERE c.audit ? 'duration_ms'))
            AS first_reserved,
        max(c.completed_at) AS last_completed,
        (SELECT max(o.published_at) FROM callgate.outbox AS o
@@ -33,8 +40,9 @@ SELECT count(*) AS calls,
        (SELECT count(*) FROM callgate.outbox AS o
          WHERE o.turn_id = ANY(CAST(:turns AS uuid[])) AND o.published_at IS NULL)
            AS unpublished,
-       (SELECT max(e.at) FROM callgate.trace_events AS e
-         WHERE e.turn_id = ANY(CAST(:turns AS uuid[])))
+       greatest((SELECT max(e.at) FROM callgate.trace_events AS e
+                  WHERE e.turn_id = ANY(CAST(:turns AS uuid[]))),
+                max(c.completed_at))
            AS last_event,
        (SELECT count(*) FROM callgate.trace_events AS e
          WHERE e.turn_id = ANY(CAST(:turns AS uuid[]))
@@ -82,9 +90,9 @@ def unpublished(engine: Engine, turns: Sequence[str]) -> int:
         )
 
 
-STAGES_SQL = """
-SELECT c.created_at AS submitted, r.at AS reserved, c.completed_at AS completed,
-       o.published_at AS published
+STAGES_SQL = f"""
+SELECT c.created_at AS submitted, coalesce(r.at, {READ_STARTED}) AS reserved,
+       c.completed_at AS completed, o.published_at AS published
   FROM callgate.calls AS c
   JOIN LATERAL (SELECT min(e.at) AS at FROM callgate.trace_events AS e
                  WHERE e.call_ref = c.id AND e.event = 'reserved') AS r ON true

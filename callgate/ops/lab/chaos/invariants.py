@@ -24,6 +24,11 @@ COUNT_SQL = {
     "side_effects": "SELECT count(*) FROM downstream.side_effects",
     "requests": "SELECT count(*) FROM downstream.requests",
     "invocations": "SELECT count(*) FROM chaos.invocations",
+    # A read may run more than once for one call (it takes no reservation); a write never.
+    "write_invocations": (
+        "SELECT count(*) FROM chaos.invocations AS i WHERE i.operation_id IN"
+        " (SELECT operation_id FROM callgate.calls WHERE kind = 'write')"
+    ),
     "outage_refusals": "SELECT count(*) FROM chaos.invocations WHERE refused",
     "reservations": (
         "SELECT count(*) FROM callgate.trace_events WHERE event IN ('reserved', 'takeover')"

@@ -68,6 +68,7 @@ COUNTS = (
     "side_effects",
     "requests",
     "invocations",
+    "write_invocations",
     "reservations",
     "takeovers",
     "fence_rejections",

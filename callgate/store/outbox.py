@@ -1,0 +1,68 @@
+"""The relayer's statements: claim a batch of unpublished outbox rows, mark them published.
+
+A claim is ``FOR UPDATE SKIP LOCKED`` inside the transaction that publishes and marks the
+rows (``claimed``): several relayers never publish the same rows at once, and a relayer
+killed between its publish and its mark leaves its rows unmarked and unlocked, to be
+published again (fan-in drops the duplicate by call id).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from sqlalchemy import Engine
+
+from callgate.store import db
+
+# The payload as Postgres' own JSON text: published as it is, never parsed and dumped again
+# (the same JSON value; fan-in parses it). The row's age, on Postgres' clock, feeds the
+# relay-latency histogram.
+CLAIM_SQL = """
+SELECT id, turn_id, call_ref, CAST(payload AS text) AS payload,
+       CAST(EXTRACT(EPOCH FROM clock_timestamp() - created_at) AS float8) AS age_seconds
+  FROM callgate.outbox
+ WHERE published_at IS NULL
+ ORDER BY id
+ LIMIT :batch
+   FOR UPDATE SKIP LOCKED
+"""
+
+MARK_SQL = "UPDATE callgate.outbox SET published_at = now() WHERE id = ANY(:ids)"
+
+# Only when a tracer provider is set: the submit contexts of a batch's turns, the parents of
+# their ``callgate.relay`` spans.
+TRACE_CONTEXTS_SQL = """
+SELECT turn_id, trace_context FROM callgate.turns
+ WHERE turn_id = ANY(:turns) AND trace_context IS NOT NULL
+"""
+
+_CLAIM = db.Statement(CLAIM_SQL)
+_MARK = db.Statement(MARK_SQL)
+_TRACE_CONTEXTS = db.Statement(TRACE_CONTEXTS_SQL)
+
+
+class Claim:
+    """An open transaction holding a batch of claimed rows (``rows``) until ``mark``."""
+
+    def __init__(self, conn: db.RawConnection, rows: list[Any]) -> None:
+        self._conn = conn
+        self.rows = rows
+
+    def mark(self) -> None:
+        self._conn.execute(_MARK, {"ids": [row.id for row in self.rows]})
+
+    def trace_contexts(self) -> dict[uuid.UUID, dict[str, str]]:
+        turns = list({row.turn_id for row in self.rows})
+        found = self._conn.execute(_TRACE_CONTEXTS, {"turns": turns})
+        return {r.turn_id: r.trace_context for r in found}
+
+
+@contextmanager
+def claimed(engine: Engine, batch: int) -> Iterator[Claim]:
+    """Claim up to ``batch`` rows in a transaction that commits when the block ends (and
+    rolls back, leaving them to be published again, if it raises)."""
+    with db.raw_autocommit(engine) as conn, conn.driver.transaction():
+        yield Claim(conn, conn.execute(_CLAIM, {"batch": batch}))

@@ -1,0 +1,148 @@
+"""Reads that finish together end together: one statement, one commit, for many reads.
+
+The first delivery to hand in its ending leads: it waits up to ``window_seconds`` for the
+others still running in this process to hand in theirs (never longer than it takes them; not
+at all when it is the only one running), then ends the whole batch with
+``endings.end_reads`` and gives each delivery its own answer. Each row keeps its own guard,
+so a batch changes nothing a delivery could not have changed alone: a read another delivery
+already ended is simply not ended again, and only that row says so.
+
+One row Postgres refuses to store (a value no retry can ever commit) would fail the whole
+statement: the batch is then ended row by row, and only that delivery hears of it. A
+delivery's job stays in its worker's taken hash until its answer came back, so a worker
+killed with endings in hand loses nothing: a sweeper dispatches those reads again.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+
+from callgate.core.errors import UnstorableValue
+from callgate.store import endings
+
+# How long a leading delivery waits for the others running beside it. Short against a
+# statement's own round trip on a loaded server; long enough for deliveries that took work
+# off the queue together to finish together.
+WINDOW_SECONDS = 0.002
+
+
+@dataclass
+class Ticket:
+    """One delivery's place among those a leader waits for."""
+
+    active: bool = True
+
+
+@dataclass
+class _Slot:
+    ending: endings.Ending
+    done: threading.Event = field(default_factory=threading.Event)
+    ended: bool = False
+    successors: list[uuid.UUID] = field(default_factory=list)
+    error: BaseException | None = None
+
+
+class GroupCommit:
+    """Per process and engine (``for_engine``): see the module's docstring."""
+
+    def __init__(
+        self, engine: Engine, *, window_seconds: float = WINDOW_SECONDS, limit: int = 64
+    ) -> None:
+        self.engine = engine
+        self.window_seconds = window_seconds
+        self.limit = limit
+        self._cond = threading.Condition()
+        self._pending: list[_Slot] = []
+        self._leading = False
+        self._running = 0  # deliveries between their start and their ending
+
+    def enter(self) -> Ticket:
+        """A delivery started: until it hands in its ending or ``leave``s, a leader waits
+        for it (up to the window)."""
+        with self._cond:
+            self._running += 1
+        return Ticket()
+
+    def leave(self, ticket: Ticket) -> None:
+        """This delivery will hand in no ending (it is a write, or it ended otherwise)."""
+        with self._cond:
+            self._leave(ticket)
+
+    def _leave(self, ticket: Ticket) -> None:
+        if ticket.active:
+            ticket.active = False
+            self._running -= 1
+            self._cond.notify_all()
+
+    def end(
+        self, ending: endings.Ending, ticket: Ticket, *, retry_seconds: float
+    ) -> tuple[bool, list[uuid.UUID]]:
+        """End one read, batched with those finishing now: whether this delivery ended it
+        (False: another delivery had), and the calls its ending unblocked."""
+        slot = _Slot(ending)
+        with self._cond:
+            self._pending.append(slot)
+            self._leave(ticket)
+            lead = not self._leading
+            self._leading = True
+            self._cond.notify_all()
+        if lead:
+            self._lead(retry_seconds)
+        slot.done.wait()
+        if slot.error is not None:
+            raise slot.error
+        return slot.ended, slot.successors
+
+    def _lead(self, retry_seconds: float) -> None:
+        deadline = time.monotonic() + self.window_seconds
+        with self._cond:
+            while (
+                self._running > 0
+                and len(self._pending) < self.limit
+                and (left := deadline - time.monotonic()) > 0
+            ):
+                self._cond.wait(left)
+            batch, self._pending = self._pending, []
+            self._leading = False
+        _flush(self.engine, batch, retry_seconds)
+
+
+def _flush(engine: Engine, batch: Sequence[_Slot], retry_seconds: float) -> None:
+    try:
+        try:
+            done = endings.end_reads(engine, [s.ending for s in batch], retry_seconds=retry_seconds)
+        except UnstorableValue:
+            if len(batch) == 1:
+                raise
+            for slot in batch:  # one row no retry can store: the others end on their own
+                _flush(engine, [slot], retry_seconds)
+            return
+        # Successors of the batch are dispatched once, by its first delivery.
+        for i, slot in enumerate(batch):
+            slot.ended = done.ended(slot.ending)
+            slot.successors = list(done.successors) if i == 0 else []
+            slot.done.set()
+    except BaseException as exc:
+        for slot in batch:
+            if not slot.done.is_set():
+                slot.error = exc
+                slot.done.set()
+
+
+_batchers: weakref.WeakKeyDictionary[Engine, GroupCommit] = weakref.WeakKeyDictionary()
+_lock = threading.Lock()
+
+
+def for_engine(engine: Engine) -> GroupCommit:
+    with _lock:
+        batcher = _batchers.get(engine)
+        if batcher is None:
+            batcher = _batchers[engine] = GroupCommit(engine)
+        return batcher
