@@ -44,8 +44,8 @@ CALL_RESULT = call_result("c.call_id", "c.tool_name")
 
 _OUTBOX = """
 , outboxed AS (
-    INSERT INTO callgate.outbox (turn_id, call_ref, payload)
-    SELECT turn_id, id, result FROM finished
+    INSERT INTO callgate.outbox (turn_id, call_ref)
+    SELECT turn_id, id FROM finished
     RETURNING id
 )"""
 

@@ -17,17 +17,19 @@ from sqlalchemy import Engine
 
 from callgate.store import db
 
-# The payload as Postgres' own JSON text: published as it is, never parsed and dumped again
-# (the same JSON value; fan-in parses it). The row's age, on Postgres' clock, feeds the
+# The call's result as Postgres' own JSON text: published as it is, never parsed and dumped
+# again (the same JSON value; fan-in parses it). An outbox row holds no copy of the result
+# (a row written before migration 0015 may). The row's age, on Postgres' clock, feeds the
 # relay-latency histogram.
 CLAIM_SQL = """
-SELECT id, turn_id, call_ref, CAST(payload AS text) AS payload,
-       CAST(EXTRACT(EPOCH FROM clock_timestamp() - created_at) AS float8) AS age_seconds
-  FROM callgate.outbox
- WHERE published_at IS NULL
- ORDER BY id
+SELECT o.id, o.turn_id, o.call_ref, CAST(coalesce(o.payload, c.result) AS text) AS payload,
+       CAST(EXTRACT(EPOCH FROM clock_timestamp() - o.created_at) AS float8) AS age_seconds
+  FROM callgate.outbox AS o
+  JOIN callgate.calls AS c ON c.id = o.call_ref
+ WHERE o.published_at IS NULL
+ ORDER BY o.id
  LIMIT :batch
-   FOR UPDATE SKIP LOCKED
+   FOR UPDATE OF o SKIP LOCKED
 """
 
 MARK_SQL = "UPDATE callgate.outbox SET published_at = now() WHERE id = ANY(:ids)"

@@ -207,7 +207,8 @@ outbox = Table(
     Column("id", BigInteger, Identity(), primary_key=True),
     Column("turn_id", Uuid, nullable=False),
     Column("call_ref", Uuid, ForeignKey("callgate.calls.id"), nullable=False),
-    Column("payload", JSONB, nullable=False),
+    # NULL since migration 0015: the relayer publishes the call's own result (one copy).
+    Column("payload", JSONB),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("published_at", DateTime(timezone=True)),
 )

@@ -70,8 +70,8 @@ WITH refused AS (
       FROM callgate.calls
      WHERE turn_id = :turn_id AND state = 'failed_terminal'
 ), outboxed AS (
-    INSERT INTO callgate.outbox (turn_id, call_ref, payload)
-    SELECT turn_id, id, result FROM refused
+    INSERT INTO callgate.outbox (turn_id, call_ref)
+    SELECT turn_id, id FROM refused
     RETURNING id
 ), traced AS (
     INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, detail)

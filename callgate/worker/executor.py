@@ -809,17 +809,42 @@ def _run_handler(
 ) -> dict[str, Any]:
     """Retry what ``may_retry`` allows with the same key and fence, while the lease holds,
     within the call's budget: at most ``attempts`` attempts, and no wait that would end past
-    ``budget_seconds`` after the first attempt started."""
+    ``budget_seconds`` after the first attempt started.
+
+    The first attempt runs bare: most succeed, and a retry policy costs more to set up than
+    a no-op handler does to run. Only a failure that may be retried goes on under tenacity,
+    which replays it as its attempt 1 (the handler does not run again for it) and counts the
+    budget from the first attempt's start."""
+    started = time.monotonic()
+    metrics.handler_invoked(tool.name, tool.kind)
+    try:
+        result: dict[str, Any] = aio.call(tool.handler, args, ctx)
+        return result
+    except Exception as exc:
+        if attempts <= 1 or not may_retry(tool, exc) or heartbeat.expired():
+            raise
+        first: Exception = exc
+    replayed = False
+
+    def attempt() -> dict[str, Any]:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            raise first
+        metrics.handler_invoked(tool.name, tool.kind)
+        again: dict[str, Any] = aio.call(tool.handler, args, ctx)
+        return again
+
     retrying = Retrying(
-        before=lambda _: metrics.handler_invoked(tool.name, tool.kind),  # every attempt
         before_sleep=lambda _: metrics.retry(tool.name),
-        stop=stop_after_attempt(attempts) | stop_before_delay(budget_seconds),
+        stop=stop_after_attempt(attempts)
+        | stop_before_delay(max(0.0, budget_seconds - (time.monotonic() - started))),
         wait=_wait,
         retry=retry_if_exception(lambda e: may_retry(tool, e) and not heartbeat.expired()),
         reraise=True,
     )
-    result: dict[str, Any] = retrying(aio.call, tool.handler, args, ctx)
-    return result
+    retried: dict[str, Any] = retrying(attempt)
+    return retried
 
 
 def _finish(rt: Runtime, finished: endings.Finished) -> None:

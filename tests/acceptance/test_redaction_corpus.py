@@ -3,7 +3,8 @@ every planted secret is searched for in every place a result, a failure, a trace
 a log goes, and every ordinary value must survive.
 
 Places: ``collect --json``; the tool-result message of all five provider surfaces; the
-``calls.result`` and ``operations.result`` columns; the outbox payload; the Redis result
+``calls.result`` column (the one copy of a result: a read's operation holds none, and an
+outbox row only points at its call; both are still searched, for leaks); the Redis result
 stream; the API's results; ``trace_events.detail``; ``callgate trace`` (table and JSON); the
 API's trace; the spans every process exported over OTLP/HTTP, with the call's arguments
 recorded (``CALLGATE_TRACE_ARGUMENTS=redacted``); the workers' and the API's logs. The turn
@@ -48,8 +49,6 @@ MODEL_FACING = (
     "collect --json",
     *(f"provider:{s}" for s in SURFACES),
     "calls.result",
-    "operations.result",
-    "outbox.payload",
     "redis.stream",
     "api results",
 )
@@ -136,22 +135,27 @@ def _places(
         places[f"provider:{surface}"] = out.stdout
     with engine.connect() as conn:
 
-        def rows(sql: str) -> str:
+        def rows(sql: str, *, may_be_empty: bool = False) -> str:
             found = conn.execute(text(sql), {"t": uuid.UUID(turn_id)}).scalars().all()
-            assert found, sql
-            return "\n".join(str(r) for r in found)
+            assert found or may_be_empty, sql
+            return "\n".join(str(r) for r in found if r is not None)
 
         places["calls.result"] = rows("SELECT result::text FROM callgate.calls WHERE turn_id = :t")
+        # No copy of a read's result is kept here: searched for leaks only.
         places["operations.result"] = rows(
             "SELECT o.result::text FROM callgate.operations o"
-            " JOIN callgate.calls c ON c.operation_id = o.operation_id WHERE c.turn_id = :t"
+            " JOIN callgate.calls c ON c.operation_id = o.operation_id WHERE c.turn_id = :t",
+            may_be_empty=True,
         )
         places["outbox.payload"] = rows(
-            "SELECT payload::text FROM callgate.outbox WHERE turn_id = :t"
+            "SELECT payload::text FROM callgate.outbox WHERE turn_id = :t", may_be_empty=True
         )
         places["trace_events.detail"] = rows(
             "SELECT detail::text FROM callgate.trace_events e WHERE e.turn_id = :t"
             " OR e.call_ref IN (SELECT id FROM callgate.calls WHERE turn_id = :t)"
+            # a read's audit is stored on its call row, not in a trace_events row
+            " UNION ALL SELECT audit::text FROM callgate.calls"
+            " WHERE turn_id = :t AND audit IS NOT NULL"
         )
     redis = transport.connect(env["CALLGATE_REDIS_URL"])
     stream = transport.results_stream(env["CALLGATE_QUEUE"], turn_id)
@@ -309,6 +313,9 @@ def test_the_trace_holds_no_raw_resource_id(
                 text(
                     "SELECT detail::text FROM callgate.trace_events WHERE call_ref IN"
                     " (SELECT id FROM callgate.calls WHERE turn_id = :t)"
+                    # a read's audit is stored on its call row
+                    " UNION ALL SELECT audit::text FROM callgate.calls"
+                    " WHERE turn_id = :t AND audit IS NOT NULL"
                 ),
                 {"t": uuid.UUID(turn_id)},
             )
@@ -366,4 +373,5 @@ def test_a_result_json_cannot_carry_ends_the_call(
             .scalars()
             .all()
         )
-    assert states == ["failed_terminal/failed"]
+    # A read ends on its call row alone: its operation stays untouched (pending).
+    assert states == ["failed_terminal/pending"]

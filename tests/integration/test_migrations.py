@@ -194,11 +194,11 @@ def test_upgrade_twice_is_a_no_op_at_head(migrated: Engine) -> None:
     assert catalog(migrated) == before
 
     head = ScriptDirectory.from_config(migrate.alembic_config(migrated)).get_current_head()
-    assert head == "0014"
+    assert head == "0015"
     with migrated.connect() as conn:
-        assert _current_revision(conn) == "0014"
+        assert _current_revision(conn) == "0015"
         rows = conn.execute(text(f"SELECT version_num FROM {SCHEMA}.alembic_version")).all()
-    assert [tuple(r) for r in rows] == [("0014",)]
+    assert [tuple(r) for r in rows] == [("0015",)]
 
 
 def test_upgrade_keeps_data(migrated: Engine) -> None:
@@ -488,7 +488,7 @@ def test_upgrade_from_0012_keeps_every_call_and_operation_where_it_was(
     migrate.upgrade(engine)
 
     with engine.begin() as conn:
-        assert _current_revision(conn) == "0014"
+        assert _current_revision(conn) == "0015"
         assert conn.execute(text(f"SELECT count(*) FROM {SCHEMA}.calls")).scalar() == len(_CALLS)
         assert _predicates_disagree(conn) == []
         assert _invalid_indexes(conn) == []
