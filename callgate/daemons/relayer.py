@@ -17,18 +17,15 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg
 import redis
-from sqlalchemy import Engine
 
 from callgate.core import logs
 from callgate.observe import metrics, tracing
 from callgate.queue import transport
 from callgate.store import db, outbox
+from callgate.store.db import Engine
 
 log = logging.getLogger("callgate.relayer")
-
-CHANNEL = "callgate_outbox"
 
 
 def drain_once(
@@ -149,19 +146,16 @@ def run(
                     drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
                     stop.wait(POLL_WITHOUT_LISTEN_SECONDS)
                 return
-            with psycopg.connect(db.libpq_url(database_url), autocommit=True) as listener:
-                listener.execute(f"LISTEN {CHANNEL}")
+            with outbox.listening(database_url) as listener:
                 drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
                 while not stop.is_set():
                     # Wake on the first notification or after poll_seconds; woken, wait
                     # ``debounce`` for the completions committing beside it (one batch
                     # instead of many small ones), take every notification queued by then
                     # (one drain publishes all their rows), then drain.
-                    woken = any(True for _ in listener.notifies(timeout=poll_seconds, stop_after=1))
-                    if woken and debounce > 0:
+                    if listener.wait(poll_seconds) and debounce > 0:
                         stop.wait(debounce)
-                    for _ in listener.notifies(timeout=0):
-                        pass
+                    listener.take_queued()
                     drain(engine, connection, queue=queue, batch=batch, mark_delay=mark_delay)
         except Exception as exc:  # keep relaying: a restart would lose nothing, but costs time
             log.warning("relayer: %s; retrying in 1s", exc)

@@ -58,103 +58,15 @@ from typing import Any
 
 import redis
 from rq import Queue
-from sqlalchemy import Connection, Engine, text
 
 from callgate.core import logs
 from callgate.core.errors import ErrorCode
 from callgate.observe import metrics
 from callgate.queue import transport
-from callgate.store import db, reservations
+from callgate.store import db, reservations, sweeps
+from callgate.store.db import Connection, Engine
 
 log = logging.getLogger("callgate.sweeper")
-
-# Two index-backed halves: open calls (calls_open: ``is_open`` is state IN ('proposed',
-# 'started')), and parked calls (calls_awaiting: ``is_awaiting`` is state =
-# 'awaiting_approval'). Terminal history is never scanned. ``last`` is when the call was last
-# dispatched or last found waiting in Redis (queued_seen_at), whichever is later.
-DUE_SQL = """
-WITH candidates AS (
-    SELECT c.id
-      FROM callgate.calls AS c
-      JOIN callgate.operations AS op USING (operation_id)
-      LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
-      CROSS JOIN LATERAL (SELECT greatest(c.dispatched_at, c.queued_seen_at) AS at) AS last
-     WHERE c.is_open
-       AND (
-             -- its owner's lease expired and nothing was dispatched (or seen queued) since
-             (op.state = 'in_progress' AND op.lease_expires_at < now()
-              AND (last.at IS NULL
-                   OR last.at < greatest(op.lease_expires_at,
-                                         now() - make_interval(secs => :stale_seconds))))
-          OR (op.state <> 'in_progress'
-              AND (prev.id IS NULL
-                   OR prev.state IN ('succeeded', 'failed_retryable', 'failed_terminal'))
-              AND (
-                    -- the stale rule: nothing heard of it for a stale period
-                    last.at IS NULL
-                 OR last.at < now() - make_interval(secs => :stale_seconds)
-                    -- the next write of a turn whose previous write ended a grace period
-                    -- ago, not dispatched (nor seen queued) since: the completion that
-                    -- marked it may have died before its enqueue reached Redis
-                 OR (prev.completed_at < now() - make_interval(secs => :successor_grace)
-                     AND last.at <= prev.completed_at)
-                  ))
-           )
-    UNION ALL
-    SELECT c.id
-      FROM callgate.calls AS c
-      JOIN callgate.approvals AS a ON a.approval_id = c.approval_id
-     WHERE c.is_awaiting AND a.state <> 'pending'
-)
-SELECT c.id, c.state, c.kind, c.dispatches, c.operation_id,
-       op.state AS op_state, op.generation,
-       -- a job taken longer ago than the job timeout is no longer waiting (a hung read)
-       coalesce(greatest(c.dispatched_at, c.queued_seen_at)
-                < now() - make_interval(secs => :job_timeout), false) AS overdue
-  FROM callgate.calls AS c
-  JOIN candidates USING (id)
-  JOIN callgate.operations AS op USING (operation_id)
- WHERE c.state IN ('proposed', 'started', 'awaiting_approval')
- ORDER BY c.dispatched_at NULLS FIRST
- LIMIT :batch
-   FOR UPDATE OF c SKIP LOCKED
-"""
-
-# A due call whose job Redis still holds is waiting, not lost: it is neither dispatched
-# again (no duplicate piles up in the queue) nor counted against its dispatch budget.
-# Noting when it was seen keeps it out of the next sweeps for a stale period.
-SEEN_QUEUED_SQL = """
-UPDATE callgate.calls SET queued_seen_at = now() WHERE id = ANY(:refs)
-"""
-
-MARK_SQL = """
-UPDATE callgate.calls
-   SET dispatched_at = now(), dispatches = dispatches + 1,
-       state = CASE WHEN state = 'awaiting_approval' THEN 'proposed' ELSE state END
- WHERE id = ANY(:refs)
-"""
-
-# Open calls nobody holds among ``refs`` (the calls a dead worker had taken) or, without
-# ``refs``, every one dispatched before ``since`` (the moment Redis was found empty). An
-# operation in progress is left out: its lease decides who runs it (the lease clause of
-# DUE_SQL brings it back once the lease expired). A call out of dispatches is left to
-# DUE_SQL, which ends it.
-LOST_SQL = """
-SELECT c.id
-  FROM callgate.calls AS c
-  JOIN callgate.operations AS op USING (operation_id)
-  LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
- WHERE c.is_open  -- state IN ('proposed', 'started'): the calls_open index
-   AND (CAST(:refs AS uuid[]) IS NULL OR c.id = ANY(CAST(:refs AS uuid[])))
-   AND (CAST(:since AS timestamptz) IS NULL
-        OR c.dispatched_at IS NULL OR c.dispatched_at < CAST(:since AS timestamptz))
-   AND op.state <> 'in_progress'
-   AND (prev.id IS NULL OR prev.state IN ('succeeded', 'failed_retryable', 'failed_terminal'))
-   AND c.dispatches < :max_dispatches
- ORDER BY c.dispatched_at NULLS FIRST
- LIMIT :batch
-   FOR UPDATE OF c SKIP LOCKED
-"""
 
 
 @dataclass(frozen=True)
@@ -199,14 +111,12 @@ def sweep_once(
                 r.generation,
                 r.overdue,
             )
-            for r in conn.execute(
-                text(DUE_SQL),
-                {
-                    "stale_seconds": stale_seconds,
-                    "successor_grace": successor_grace,
-                    "job_timeout": job_timeout,
-                    "batch": batch,
-                },
+            for r in sweeps.due(
+                conn,
+                stale_seconds=stale_seconds,
+                successor_grace=successor_grace,
+                job_timeout=job_timeout,
+                batch=batch,
             )
         ]
         # One round trip for the batch, inside the transaction: if Redis cannot answer,
@@ -220,9 +130,9 @@ def sweep_once(
         redo = [d for d in lost if d not in spent]
         again = [d.ref for d in redo]
         if waiting:
-            conn.execute(text(SEEN_QUEUED_SQL), {"refs": [d.ref for d in waiting]})
+            sweeps.seen_queued(conn, [d.ref for d in waiting])
         if again:
-            conn.execute(text(MARK_SQL), {"refs": again})
+            sweeps.mark_dispatched(conn, again)
             # Inside the transaction: if Redis refuses, the marks roll back with it.
             transport.enqueue_calls(queue, again, timeout=job_timeout)
     for d in redo:  # counted once the marks committed with the enqueue
@@ -289,11 +199,7 @@ def _end(
         if finished.won and due.kind == "write":
             # The operation ends here, once: the other side of the side-effect ratio. (Its
             # tool was registered: the operation was reserved.)
-            tool = conn.execute(
-                text("SELECT tool_name FROM callgate.operations WHERE operation_id = :o"),
-                {"o": due.operation_id},
-            ).scalar_one()
-            metrics.write_operation_completed(str(tool))
+            metrics.write_operation_completed(sweeps.operation_tool(conn, due.operation_id))
     else:
         finished = reservations.abandon(
             conn, call_ref=due.ref, error=exhausted, event="delivery_exhausted", detail=detail
@@ -325,20 +231,11 @@ def _redispatch_lost(
     done: list[uuid.UUID] = []
     while True:
         with engine.begin() as conn:
-            again = [
-                r.id
-                for r in conn.execute(
-                    text(LOST_SQL),
-                    {
-                        "refs": refs,
-                        "since": since,
-                        "max_dispatches": max_dispatches,
-                        "batch": batch,
-                    },
-                )
-            ]
+            again = sweeps.lost(
+                conn, refs=refs, since=since, max_dispatches=max_dispatches, batch=batch
+            )
             if again:
-                conn.execute(text(MARK_SQL), {"refs": again})
+                sweeps.mark_dispatched(conn, again)
                 transport.enqueue_calls(queue, again, timeout=job_timeout)
         for _ in again:
             metrics.redispatched(reason)
@@ -417,8 +314,7 @@ def recover_lost(
         # duplicates). It is read once: the calls marked meanwhile are dispatched after
         # it, so batches end. If this fails, ``epoch`` keeps the old value and the next
         # sweep tries again.
-        with db.autocommit(engine) as pg:
-            since = pg.execute(text("SELECT now()")).scalar_one()
+        since = sweeps.now(engine)
         lost = _redispatch_lost(
             engine,
             queue,

@@ -18,7 +18,7 @@ trivially true on a process that runs no calls. The metric objects themselves ar
 stay in prometheus-client's default registry (a library producer, and tests, read them there).
 
 The gauges read from Postgres and Redis (open calls, outbox lag, reconciliation,
-approvals, queue depth) are in ``callgate.observe.gauges``; only the processes asked to serve them
+approvals, queue depth) are in ``callgate.daemons.gauges``; only the processes asked to serve them
 do (the sweeper by default).
 
 Each event has a one-line helper below, so a call site reads ``metrics.side_effect(tool)``.

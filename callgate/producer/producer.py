@@ -13,7 +13,6 @@ from typing import Any
 import redis
 from opentelemetry.trace import Span
 from rq import Queue
-from sqlalchemy import Engine
 
 import callgate.producer.adapters as adapters
 import callgate.producer.validation as validation
@@ -36,6 +35,7 @@ from callgate.producer.fanin import (
 from callgate.producer.planning import arguments_hash, plan
 from callgate.queue import transport
 from callgate.store import db, schema_version, tool_catalog, turns
+from callgate.store.db import Engine
 from callgate.tools import registry as tool_registry
 from callgate.tools.intent import canonical_json
 

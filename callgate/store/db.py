@@ -11,7 +11,9 @@ from typing import Any, TypeVar
 
 import psycopg
 from psycopg.rows import namedtuple_row
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection as Connection
+from sqlalchemy import Engine as Engine
+from sqlalchemy import create_engine, event
 from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError, DataError, DBAPIError, IntegrityError, OperationalError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
@@ -175,6 +177,17 @@ def autocommit(engine: Engine) -> Iterator[Connection]:
     """
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         yield conn
+
+
+def ping(engine: Engine) -> None:
+    """One round trip: Postgres answers (readiness checks)."""
+    with autocommit(engine) as conn:
+        conn.exec_driver_sql("SELECT 1")
+
+
+def is_operational_error(exc: BaseException) -> bool:
+    """A driver error about the server or the connection (through SQLAlchemy or not)."""
+    return isinstance(exc, OperationalError | psycopg.OperationalError)
 
 
 def is_transient(exc: BaseException) -> bool:

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from sqlalchemy import Engine
 
 from callgate.store import db
@@ -41,6 +42,9 @@ SELECT turn_id, trace_context FROM callgate.turns
  WHERE turn_id = ANY(:turns) AND trace_context IS NOT NULL
 """
 
+# What every statement that writes outbox rows notifies (``pg_notify``) in its commit.
+CHANNEL = "callgate_outbox"
+
 _CLAIM = db.Statement(CLAIM_SQL)
 _MARK = db.Statement(MARK_SQL)
 _TRACE_CONTEXTS = db.Statement(TRACE_CONTEXTS_SQL)
@@ -68,3 +72,27 @@ def claimed(engine: Engine, batch: int) -> Iterator[Claim]:
     rolls back, leaving them to be published again, if it raises)."""
     with db.raw_autocommit(engine) as conn, conn.driver.transaction():
         yield Claim(conn, conn.execute(_CLAIM, {"batch": batch}))
+
+
+class Listener:
+    """A connection LISTENing on ``CHANNEL``."""
+
+    def __init__(self, conn: psycopg.Connection[Any]) -> None:
+        self._conn = conn
+
+    def wait(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` seconds for a notification; whether one came."""
+        return any(True for _ in self._conn.notifies(timeout=timeout, stop_after=1))
+
+    def take_queued(self) -> None:
+        """Consume the notifications already queued: one drain publishes all their rows."""
+        for _ in self._conn.notifies(timeout=0):
+            pass
+
+
+@contextmanager
+def listening(database_url: str) -> Iterator[Listener]:
+    """A direct connection (not through a transaction pooler) LISTENing on ``CHANNEL``."""
+    with psycopg.connect(db.libpq_url(database_url), autocommit=True) as conn:
+        conn.execute(f"LISTEN {CHANNEL}")
+        yield Listener(conn)

@@ -217,7 +217,7 @@ Index("outbox_unpublished", outbox.c.id, postgresql_where=text("published_at IS 
 Index("outbox_call", outbox.c.call_ref)
 
 # Write operations a person must reconcile: the state gauges count them without reading
-# history (callgate/observe/gauges.py and store/reconciliation.py filter on exactly this).
+# history (callgate/daemons/gauges.py and store/reconciliation.py filter on exactly this).
 Index(
     "operations_reconciliation",
     operations.c.operation_id,

@@ -22,10 +22,9 @@ import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy import Engine
-
 from callgate.core.errors import UnstorableValue
 from callgate.store import endings
+from callgate.store.db import Engine
 
 # How long a leading delivery waits for the others running beside it. Short against a
 # statement's own round trip on a loaded server; long enough for deliveries that took work

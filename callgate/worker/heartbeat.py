@@ -14,9 +14,8 @@ import threading
 import time
 import weakref
 
-from sqlalchemy import Engine
-
 from callgate.store import db, reservations
+from callgate.store.db import Engine
 
 log = logging.getLogger("callgate.worker")
 

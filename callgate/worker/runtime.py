@@ -12,12 +12,12 @@ from types import ModuleType
 
 import redis
 from rq import Queue
-from sqlalchemy import Engine
 
 from callgate.core.errors import ConfigurationError
 from callgate.core.settings import Settings
 from callgate.queue import transport
 from callgate.store import db
+from callgate.store.db import Engine
 from callgate.store.tool_catalog import MCP_SOURCE_PREFIX
 from callgate.tools import registry as tool_registry
 

@@ -18,7 +18,8 @@ from click.testing import CliRunner
 from prometheus_client import REGISTRY
 
 from callgate.core.settings import Settings
-from callgate.observe import gauges, metrics
+from callgate.daemons import gauges
+from callgate.observe import metrics
 from callgate.ops.cli.main import cli
 
 REPO = Path(__file__).resolve().parents[2]

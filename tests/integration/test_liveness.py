@@ -16,10 +16,9 @@ from sqlalchemy import Engine, text
 
 from callgate.core.errors import StaleFence, UnstorableValue
 from callgate.core.types import CallContext, ProposedCall
-from callgate.daemons import sweeper
 from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
-from callgate.store import endings, reservations, turns
+from callgate.store import endings, reservations, sweeps, turns
 from callgate.tools.registry import ExecutionContext
 from callgate.worker.heartbeat import Heartbeat
 
@@ -295,12 +294,12 @@ def test_the_sweeper_reads_only_open_and_parked_calls(engine: Engine) -> None:
             conn.execute(text("EXPLAIN (FORMAT JSON) " + sql), params).scalar()
             for sql, params in (
                 (
-                    sweeper.DUE_SQL,
+                    sweeps.DUE_SQL,
                     {"stale_seconds": 60, "successor_grace": 5, "job_timeout": 300, "batch": 100},
                 ),
                 # The recovery of a Redis found empty: every open call, no refs.
                 (
-                    sweeper.LOST_SQL,
+                    sweeps.LOST_SQL,
                     {"refs": None, "since": None, "max_dispatches": 5, "batch": 100},
                 ),
             )

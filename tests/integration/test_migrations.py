@@ -16,9 +16,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import Connection, Engine, text
 
 from callgate.core.errors import ReconciliationError
-from callgate.daemons import sweeper
-from callgate.observe import gauges
-from callgate.store import db, migrate, reconciliation
+from callgate.store import db, gauge_reads, migrate, reconciliation, sweeps
 from callgate.store.schema import SCHEMA, metadata
 
 pytestmark = pytest.mark.services
@@ -468,8 +466,8 @@ def test_upgrade_from_0012_keeps_every_call_and_operation_where_it_was(
         open_sql = f"SELECT call_id FROM {SCHEMA}.calls WHERE {IS_OPEN}"
         before = {
             "open": set(conn.execute(text(open_sql)).scalars()),
-            "due": _ids(conn, _with_old_predicates(sweeper.DUE_SQL), _SWEEP),
-            "lost": _ids(conn, _with_old_predicates(sweeper.LOST_SQL), _LOST),
+            "due": _ids(conn, _with_old_predicates(sweeps.DUE_SQL), _SWEEP),
+            "lost": _ids(conn, _with_old_predicates(sweeps.LOST_SQL), _LOST),
         }
         # The odd shapes of result are really there (JSON null, not SQL NULL; a scalar).
         shapes = conn.execute(
@@ -515,7 +513,7 @@ def test_upgrade_from_0012_keeps_every_call_and_operation_where_it_was(
         ) == {"op_recon_1", "op_recon_2"}
 
         # The sweeper finds the calls it found before the upgrade, and only those.
-        due = _ids(conn, sweeper.DUE_SQL, _SWEEP)
+        due = _ids(conn, sweeps.DUE_SQL, _SWEEP)
         assert (
             due
             == before["due"]
@@ -526,14 +524,15 @@ def test_upgrade_from_0012_keeps_every_call_and_operation_where_it_was(
                 "awaiting_decided",
             }
         )
-        lost = _ids(conn, sweeper.LOST_SQL, _LOST)
+        lost = _ids(conn, sweeps.LOST_SQL, _LOST)
         assert lost == before["lost"] == {"proposed_new", "proposed_fresh", "proposed_after_done"}
 
         # The gauges count what the old predicates count (now() is the transaction's: equal).
         window = {"window": 0}
-        by_state = sorted(tuple(r) for r in conn.execute(text(gauges.CALLS_SQL), window))
+        by_state = sorted(tuple(r) for r in conn.execute(text(gauge_reads.CALLS_SQL), window))
         old_by_state = sorted(
-            tuple(r) for r in conn.execute(text(_with_old_predicates(gauges.CALLS_SQL)), window)
+            tuple(r)
+            for r in conn.execute(text(_with_old_predicates(gauge_reads.CALLS_SQL)), window)
         )
         assert by_state == old_by_state
         assert {r[0]: r[1] + r[2] + r[3] + r[4] + r[5] for r in by_state} == {
@@ -541,8 +540,8 @@ def test_upgrade_from_0012_keeps_every_call_and_operation_where_it_was(
             "started": 2,
             "awaiting_approval": 2,
         }
-        recon = tuple(conn.execute(text(gauges.RECONCILIATION_SQL)).one())
-        old_recon = conn.execute(text(_with_old_predicates(gauges.RECONCILIATION_SQL))).one()
+        recon = tuple(conn.execute(text(gauge_reads.RECONCILIATION_SQL)).one())
+        old_recon = conn.execute(text(_with_old_predicates(gauge_reads.RECONCILIATION_SQL))).one()
         assert recon == tuple(old_recon) and recon[0] == 2
 
         listing = {"tenant": None, "operation_id": None, "limit": 100}
@@ -590,7 +589,7 @@ def test_generated_columns_follow_state_changes_after_upgrade_from_0012(
             {"id": _ref("started_expired")},
         )
         # awaiting_approval → proposed: the sweeper's own mark of a decided request
-        marked = conn.execute(text(sweeper.MARK_SQL), {"refs": [_ref("awaiting_decided")]})
+        marked = conn.execute(text(sweeps.MARK_SQL), {"refs": [_ref("awaiting_decided")]})
         assert marked.rowcount == 1
     assert columns("proposed_new") == (True, False)
     assert columns("started_expired") == (False, False)
@@ -611,8 +610,8 @@ def test_generated_columns_follow_state_changes_after_upgrade_from_0012(
         }
         # The completed call left the sweeper's view; the unparked one was just dispatched
         # (MARK_SQL), so it is open but not due.
-        due = _ids(conn, sweeper.DUE_SQL, _SWEEP)
-        assert due == _ids(conn, _with_old_predicates(sweeper.DUE_SQL), _SWEEP)
+        due = _ids(conn, sweeps.DUE_SQL, _SWEEP)
+        assert due == _ids(conn, _with_old_predicates(sweeps.DUE_SQL), _SWEEP)
         assert due == {"proposed_new", "proposed_after_done"}
 
     # An operation ends reconciliation_pending, then a person settles it, once.

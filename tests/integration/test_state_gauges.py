@@ -1,4 +1,4 @@
-"""The gauges read from Postgres and Redis (callgate/observe/gauges.py) against real rows, and their
+"""The gauges read from Postgres and Redis (callgate/daemons/gauges.py) against real rows, and their
 queries' plans: each reads a partial index of open rows, never the history."""
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ import pytest
 from prometheus_client import CollectorRegistry
 from sqlalchemy import Engine, text
 
-from callgate.observe import gauges
+from callgate.daemons import gauges
 from callgate.producer import Producer
 from callgate.queue import transport
-from callgate.store import db
+from callgate.store import db, gauge_reads
 
 pytestmark = pytest.mark.services
 
@@ -238,7 +238,7 @@ def history(engine: Engine) -> Iterator[None]:
 
 
 @pytest.mark.parametrize(
-    "sql", gauges.QUERIES, ids=["calls", "outbox", "reconciliation", "approvals"]
+    "sql", gauge_reads.QUERIES, ids=["calls", "outbox", "reconciliation", "approvals"]
 )
 def test_each_query_reads_an_index_never_the_history(
     engine: Engine, history: None, sql: str

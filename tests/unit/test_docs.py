@@ -116,8 +116,8 @@ def test_the_guarantee_statements_are_quoted() -> None:
         "callgate.store.reservations.COMPLETE_SQL",
         "callgate.store.reservations.CONCLUDE_SQL",
         "callgate.store.reservations.ABANDON_SQL",
-        "callgate.daemons.sweeper.DUE_SQL",
-        "callgate.daemons.sweeper.MARK_SQL",
+        "callgate.store.sweeps.DUE_SQL",
+        "callgate.store.sweeps.MARK_SQL",
         "callgate.store.outbox.CLAIM_SQL",
         "callgate.store.outbox.MARK_SQL",
     ):

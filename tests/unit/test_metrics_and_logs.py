@@ -16,7 +16,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from callgate.core import logs
 from callgate.core.errors import ConfigurationError, ErrorCode
 from callgate.core.settings import Settings, metrics_port
-from callgate.observe import gauges, metrics
+from callgate.daemons import gauges
+from callgate.observe import metrics
 
 # Labels a callgate metric may carry: each has a small, fixed set of values.
 BOUNDED_LABELS = {"tool", "kind", "status", "code", "layer", "reason", "outcome", "state", "age"}

@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import Any, TextIO
 
 import click
-from sqlalchemy import Engine
 
 from callgate.core import logs, values
 from callgate.core.errors import (
@@ -25,11 +24,13 @@ from callgate.core.errors import (
     ServiceUnavailable,
 )
 from callgate.core.settings import Settings, metrics_port
-from callgate.observe import gauges, metrics
+from callgate.daemons import gauges
+from callgate.observe import metrics
 from callgate.ops.flags import setting_option
 from callgate.queue import transport
 from callgate.store import db, schema_version
 from callgate.store import migrate as migrations
+from callgate.store.db import Engine
 from callgate.tools import redaction
 
 EXIT_ERROR = 2

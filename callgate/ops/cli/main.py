@@ -16,9 +16,7 @@ from collections.abc import Sequence
 from importlib import metadata
 
 import click
-import psycopg
 import redis
-from sqlalchemy.exc import OperationalError
 
 from callgate.core import logs
 from callgate.core.errors import CallgateError, ErrorCode
@@ -28,6 +26,7 @@ from callgate.ops.cli.common import EXIT_ERROR, setup_logging
 from callgate.ops.flags import setting_option
 from callgate.ops.http.serve import api_cmd, keys_group
 from callgate.ops.mcp_gateway import mcp_gateway_cmd
+from callgate.store import db
 
 PLUGINS = "callgate.commands"
 
@@ -119,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _translate(exc: Exception) -> CallgateError | None:
     """Driver errors that escaped a narrower translation still get one clear line."""
-    if isinstance(exc, OperationalError | psycopg.OperationalError):
+    if db.is_operational_error(exc):
         return CallgateError(
             f"cannot reach PostgreSQL: {str(exc).splitlines()[0]}",
             code=ErrorCode.DATABASE_UNAVAILABLE,

@@ -7,11 +7,11 @@ import json
 from dataclasses import asdict
 
 import click
-from sqlalchemy import Engine
 
 from callgate.ops.cli.common import OPS_APPLICATION, checked_engine, load_settings, table
 from callgate.ops.flags import setting_option
 from callgate.store import db, reconciliation, retention
+from callgate.store.db import Engine
 
 
 def _engine() -> Engine:

@@ -11,7 +11,6 @@ from typing import Any
 
 import anyio
 from fastapi import FastAPI
-from sqlalchemy import Engine
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from callgate.core.errors import ErrorCode, InputError
@@ -23,6 +22,7 @@ from callgate.ops.http.settings import SMALL_BODY_BYTES, ApiSettings
 from callgate.producer import Producer
 from callgate.producer.async_producer import AsyncProducer
 from callgate.queue import transport
+from callgate.store.db import Engine
 
 log = logging.getLogger("callgate.api")
 

@@ -156,11 +156,11 @@ def install(app: FastAPI) -> None:
 
 def _driver_error(exc: Exception) -> CallgateError | None:
     """A driver error that escaped a narrower translation: still the service's code."""
-    import psycopg
     import redis
-    from sqlalchemy.exc import OperationalError
 
-    if isinstance(exc, OperationalError | psycopg.OperationalError):
+    from callgate.store import db
+
+    if db.is_operational_error(exc):
         return CallgateError("cannot reach PostgreSQL", code=ErrorCode.DATABASE_UNAVAILABLE)
     if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
         return CallgateError("cannot reach Redis", code=ErrorCode.REDIS_UNAVAILABLE)

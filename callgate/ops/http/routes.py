@@ -15,7 +15,6 @@ from fastapi import APIRouter, Depends, Header, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse, Response
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from sqlalchemy import text
 
 from callgate.core import values
 from callgate.core.errors import (
@@ -508,7 +507,7 @@ async def readyz(request: Request) -> dict[str, Any]:
 
 
 def _ready(s: Any) -> None:
-    with db.translate_errors("readyz"), db.autocommit(s.engine) as conn:
-        conn.execute(text("SELECT 1"))
+    with db.translate_errors("readyz"):
+        db.ping(s.engine)
     with transport.translate_errors("readyz"):
         s.producer.redis.ping()

@@ -19,11 +19,10 @@ import logging
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 
-from sqlalchemy import Engine
-
 from callgate.core.errors import ConfigurationError
 from callgate.core.settings import Settings
 from callgate.store import db, mcp_catalog
+from callgate.store.db import Engine
 from callgate.tools.registry import Registry, Tool
 from callgate.worker import aio
 from callgate.worker.mcp import config as mcp_config

@@ -27,11 +27,10 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from sqlalchemy import Engine
-
 from callgate.core.errors import AdapterError, ErrorCode, ToolError
 from callgate.core.types import Succeeded
 from callgate.store import mcp_evidence
+from callgate.store.db import Engine
 from callgate.store.mcp_catalog import Definition, ServerInfo
 from callgate.tools import redaction
 from callgate.tools.gate import check_arguments
