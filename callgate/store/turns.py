@@ -152,18 +152,33 @@ SELECT id, call_id, tool_name, operation_id,
 
 # The turn's calls. A call the gate refused at submit is recorded already ended, with its
 # result; the others wait for a worker (``:dispatch``: enqueued now, not held for a write).
+# A turn's calls in one statement, whatever their number: one row each from one JSON
+# document (the arguments as given, the refusal decided at submit if any).
 INSERT_CALLS_SQL = f"""
 INSERT INTO callgate.calls (id, turn_id, call_id, position, tool_name, arguments, kind,
                             operation_id, after_call, args_hash, state, result,
                             completed_at, dispatches, dispatched_at)
-VALUES (:id, :turn, :call_id, :position, :tool, CAST(:arguments AS jsonb), :kind, :op,
-        :after, :args_hash,
-        CASE WHEN :refused THEN 'failed_terminal' ELSE 'proposed' END,
-        CASE WHEN :refused
-             THEN {call_result("CAST(:call_id AS text)", "CAST(:tool AS text)")}
-                  || CAST(:result AS jsonb) END,
-        CASE WHEN :refused THEN now() END,
-        :dispatches, CASE WHEN :dispatch THEN now() END)
+SELECT p.id, CAST(:turn AS uuid), p.call_id, p.position, p.tool, p.arguments, p.kind, p.op,
+       p.after, p.args_hash,
+       CASE WHEN p.refused THEN 'failed_terminal' ELSE 'proposed' END,
+       CASE WHEN p.refused
+            THEN {call_result("p.call_id", "p.tool")} || p.result END,
+       CASE WHEN p.refused THEN now() END,
+       p.dispatches, CASE WHEN p.dispatch THEN now() END
+  FROM jsonb_to_recordset(CAST(:calls AS jsonb))
+       AS p(id uuid, call_id text, position integer, tool text, arguments jsonb, kind text,
+            op text, after uuid, args_hash text, refused boolean, result jsonb,
+            dispatches integer, dispatch boolean)
+ ORDER BY p.position
+"""
+
+# Each call's operation, in one statement; one an application handed in again (a retry of
+# one logical write in a new turn) is reused, not re-issued.
+INSERT_OPERATIONS_SQL = """
+INSERT INTO callgate.operations (operation_id, tenant_id, tool_name, idempotency_key)
+SELECT o.op, :tenant, o.tool, o.key
+  FROM jsonb_to_recordset(CAST(:operations AS jsonb)) AS o(op text, tool text, key text)
+    ON CONFLICT (operation_id) DO NOTHING
 """
 
 
@@ -278,48 +293,46 @@ def _record_in(
                 trace_context=None if trace_context is None else dict(trace_context),
             )
         )
-    # An application may hand in an existing operation id (a retry of one logical
-    # write in a new turn): it is then reused, not re-issued.
     conn.execute(
-        text(
-            "INSERT INTO callgate.operations (operation_id, tenant_id, tool_name,"
-            " idempotency_key) VALUES (:op, :tenant, :tool, :key)"
-            " ON CONFLICT (operation_id) DO NOTHING"
-        ),
-        [
-            {
-                "op": p.operation_id,
-                "tenant": context.tenant_id,
-                "tool": p.proposal.tool_name,
-                "key": p.idempotency_key,
-            }
-            for p in planned
-        ],
+        text(INSERT_OPERATIONS_SQL),
+        {
+            "tenant": context.tenant_id,
+            "operations": json.dumps(
+                [
+                    {"op": p.operation_id, "tool": p.proposal.tool_name, "key": p.idempotency_key}
+                    for p in planned
+                ]
+            ),
+        },
     )
     _check_operations_belong(conn, context, planned)
     conn.execute(
         text(INSERT_CALLS_SQL),
-        [
-            {
-                "id": p.ref,
-                "turn": turn_id,
-                "call_id": p.proposal.call_id,
-                "position": i,
-                "tool": p.proposal.tool_name,
-                "arguments": json.dumps(_arguments_document(p.proposal.arguments)),
-                "kind": p.kind,
-                "op": p.operation_id,
-                "after": p.after,
-                "args_hash": p.args_hash,
-                "refused": p.refusal is not None,
-                "result": json.dumps(
-                    {"status": "failed_terminal", "error": p.refusal} if p.refusal else None
-                ),
-                "dispatches": 1 if p.dispatch_now else 0,
-                "dispatch": p.dispatch_now,
-            }
-            for i, p in enumerate(planned)
-        ],
+        {
+            "turn": turn_id,
+            "calls": json.dumps(
+                [
+                    {
+                        "id": str(p.ref),
+                        "call_id": p.proposal.call_id,
+                        "position": i,
+                        "tool": p.proposal.tool_name,
+                        "arguments": _arguments_document(p.proposal.arguments),
+                        "kind": p.kind,
+                        "op": p.operation_id,
+                        "after": None if p.after is None else str(p.after),
+                        "args_hash": p.args_hash,
+                        "refused": p.refusal is not None,
+                        "result": (
+                            {"status": "failed_terminal", "error": p.refusal} if p.refusal else None
+                        ),
+                        "dispatches": 1 if p.dispatch_now else 0,
+                        "dispatch": p.dispatch_now,
+                    }
+                    for i, p in enumerate(planned)
+                ]
+            ),
+        },
     )
     if any(p.refusal is not None for p in planned):
         conn.execute(text(REFUSED_SQL), {"turn_id": turn_id})

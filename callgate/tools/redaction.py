@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import functools
 import logging
 import re
 from collections.abc import Callable, Mapping
@@ -131,8 +132,10 @@ _NOT_SECRET_KEYS = frozenset(
 _WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
 
 
+@functools.lru_cache(maxsize=4096)
 def is_secret_name(name: str) -> bool:
-    """Does a key, header or parameter called ``name`` hold a secret, whatever its value?"""
+    """Does a key, header or parameter called ``name`` hold a secret, whatever its value?
+    (Cached: a tool's results repeat the same few field names on every call.)"""
     squashed = re.sub(r"[^a-z0-9]", "", name.lower())
     if not squashed:
         return False
