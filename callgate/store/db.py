@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import re
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 import psycopg
 from psycopg.rows import namedtuple_row
@@ -177,6 +178,24 @@ def autocommit(engine: Engine) -> Iterator[Connection]:
     """
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         yield conn
+
+
+class PerEngine(Generic[_T]):
+    """One ``make(engine)`` per engine, made on first use and dropped with the engine: the
+    process-wide state of a helper every call of one engine shares (a renewal thread, a
+    batch of endings)."""
+
+    def __init__(self, make: Callable[[Engine], _T]) -> None:
+        self._make = make
+        self._made: weakref.WeakKeyDictionary[Engine, _T] = weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    def __call__(self, engine: Engine) -> _T:
+        with self._lock:
+            made = self._made.get(engine)
+            if made is None:
+                made = self._made[engine] = self._make(engine)
+            return made
 
 
 def ping(engine: Engine) -> None:

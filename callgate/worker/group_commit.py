@@ -18,12 +18,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from callgate.core.errors import UnstorableValue
-from callgate.store import endings
+from callgate.store import db, endings
 from callgate.store.db import Engine
 
 # How long a leading delivery waits for the others running beside it. Short against a
@@ -135,13 +134,5 @@ def _flush(engine: Engine, batch: Sequence[_Slot], retry_seconds: float) -> None
                 slot.done.set()
 
 
-_batchers: weakref.WeakKeyDictionary[Engine, GroupCommit] = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
-
-
-def for_engine(engine: Engine) -> GroupCommit:
-    with _lock:
-        batcher = _batchers.get(engine)
-        if batcher is None:
-            batcher = _batchers[engine] = GroupCommit(engine)
-        return batcher
+# The batch every delivery of one engine (one worker process) joins.
+for_engine = db.PerEngine(GroupCommit)

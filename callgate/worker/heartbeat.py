@@ -210,13 +210,5 @@ def stop_renewing(engine: Engine, *, wait: float = 2.0) -> None:
     _renewer(engine).close(wait)
 
 
-_renewers: weakref.WeakKeyDictionary[Engine, _Renewer] = weakref.WeakKeyDictionary()
-_renewers_lock = threading.Lock()
-
-
-def _renewer(engine: Engine) -> _Renewer:
-    with _renewers_lock:
-        renewer = _renewers.get(engine)
-        if renewer is None:
-            renewer = _renewers[engine] = _Renewer(engine)
-        return renewer
+# One renewal thread per engine (per worker process).
+_renewer = db.PerEngine(lambda engine: _Renewer(engine))

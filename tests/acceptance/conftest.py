@@ -81,15 +81,65 @@ def side_effects(engine: Engine, operation_id: str) -> list[dict[str, Any]]:
 
 
 def trace_events(engine: Engine, call_ref: str, event: str | None = None) -> list[dict[str, Any]]:
+    """A call's audit events, as `callgate trace` shows them: its trace_events rows, and the
+    audit a read stores on its call row (no trace_events row), as its `completed` event."""
     with engine.connect() as conn:
         rows = conn.execute(
             text(
-                "SELECT event, generation, detail FROM callgate.trace_events"
-                " WHERE call_ref = :r AND (CAST(:e AS text) IS NULL OR event = :e) ORDER BY id"
+                "SELECT event, generation, detail FROM ("
+                " SELECT at, id AS seq, event, generation, detail FROM callgate.trace_events"
+                "  WHERE call_ref = :r"
+                " UNION ALL"
+                " SELECT completed_at, 0, 'completed', NULL,"
+                "        jsonb_build_object('status', state, 'code', result #>> '{error,code}')"
+                "          || (audit - 'delivery')"
+                "   FROM callgate.calls WHERE id = :r AND audit IS NOT NULL"
+                ") AS e WHERE CAST(:e AS text) IS NULL OR event = :e ORDER BY at, seq"
             ),
             {"r": call_ref, "e": event},
         ).mappings()
         return [dict(r) for r in rows]
+
+
+# When each call's handler ran, from Postgres' own timestamps: a reservation (or takeover)
+# to its completion event; a read, which takes no reservation, from its audit on the call
+# row: its completion less the handler's measured duration.
+_INTERVALS_SQL = """
+SELECT c.id AS ref,
+       coalesce(min(e.at) FILTER (WHERE e.event IN ('reserved', 'takeover')),
+                c.completed_at
+                  - make_interval(secs => CAST(c.audit ->> 'duration_ms' AS float8) / 1000))
+           AS started,
+       coalesce(max(e.at) FILTER (WHERE e.event = 'completed'), c.completed_at) AS ended
+  FROM callgate.calls AS c
+  LEFT JOIN callgate.trace_events AS e ON e.call_ref = c.id
+ WHERE c.id = ANY(CAST(:refs AS uuid[]))
+ GROUP BY c.id
+"""
+
+
+def handler_intervals(engine: Engine, refs: list[str]) -> dict[str, tuple[Any, Any]]:
+    """Each started call's [started, ended] interval by ref (see ``_INTERVALS_SQL``)."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(_INTERVALS_SQL), {"refs": refs}).all()
+    return {str(r.ref): (r.started, r.ended) for r in rows if r.started is not None}
+
+
+def handler_runs(engine: Engine, ref: str) -> int:
+    """How many times a call's handler ran: each reservation or takeover of its operation;
+    a read, once for its ending and once more for each delivery whose result came too late
+    (a duplicate with reason ``ended``)."""
+    reserved = len(trace_events(engine, ref, "reserved")) + len(
+        trace_events(engine, ref, "takeover")
+    )
+    if reserved:
+        return reserved
+    late = [
+        e
+        for e in trace_events(engine, ref, "duplicate_delivery")
+        if e["detail"].get("reason") == "ended"
+    ]
+    return len(trace_events(engine, ref, "completed")) + len(late)
 
 
 def callgate(

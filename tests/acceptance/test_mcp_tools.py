@@ -126,7 +126,7 @@ def test_a_real_server_answers_through_the_gate_with_its_request_id_beside_the_c
     assert response["detail"]["outcome"] == "result"
     assert request["detail"]["protocol_version"]
     # The call's own trace names the schema version it was admitted under.
-    (started,) = trace_events(mcp_engine, ref, "reserved")
+    (started,) = trace_events(mcp_engine, ref, "completed")
     version = started["detail"]["schema_version"]
     (row_,) = [r for r in mcp_catalog.latest(mcp_engine, "time") if r["tool"] == "get_current_time"]
     assert version == str(row_["version"])
@@ -393,7 +393,7 @@ def test_a_schema_change_is_a_new_version_and_the_gate_uses_it(
 ) -> None:
     ref_v1, first = run(mcp_producer, mcp_engine, "rec__echo", {"text": "before"})
     assert first["state"] == "succeeded"
-    (started,) = trace_events(mcp_engine, ref_v1, "reserved")
+    (started,) = trace_events(mcp_engine, ref_v1, "completed")
     v1 = int(started["detail"]["schema_version"])
 
     world.schema.write_text(
@@ -420,7 +420,7 @@ def test_a_schema_change_is_a_new_version_and_the_gate_uses_it(
             break
         time.sleep(0.2)
     assert second["state"] == "succeeded", second
-    (started2,) = trace_events(mcp_engine, ref_v2, "reserved")
+    (started2,) = trace_events(mcp_engine, ref_v2, "completed")
     assert int(started2["detail"]["schema_version"]) == echo_version() > v1
 
     before = len(world.received("echo"))

@@ -20,6 +20,7 @@ from callgate.queue import transport
 from tests.acceptance.conftest import (
     REFUND_O17,
     SUPPORT_A,
+    handler_intervals,
     scalar,
     side_effects,
     trace_events,
@@ -62,22 +63,18 @@ def _refund_ids(engine: Engine) -> list[str]:
 
 
 def _execution_intervals(engine: Engine, turn_id: str) -> dict[str, tuple[Any, Any]]:
-    """Per call: when its worker reserved it and when its completion committed, as the
-    trace recorded them (each is one statement's ``now()``): the handler ran in between."""
+    """Per call: when its handler started and when its completion committed, from
+    Postgres' own timestamps (a reservation's, or a read's audit on its call row)."""
     with engine.connect() as conn:
         from sqlalchemy import text
 
         rows = conn.execute(
-            text(
-                "SELECT c.call_id,"
-                "       min(t.at) FILTER (WHERE t.event IN ('reserved', 'takeover')) AS started,"
-                "       max(t.at) FILTER (WHERE t.event = 'completed') AS ended"
-                "  FROM callgate.calls AS c JOIN callgate.trace_events AS t ON t.call_ref = c.id"
-                " WHERE c.turn_id = :t GROUP BY c.call_id"
-            ),
+            text("SELECT CAST(id AS text) AS ref, call_id FROM callgate.calls WHERE turn_id = :t"),
             {"t": turn_id},
-        )
-        return {r.call_id: (r.started, r.ended) for r in rows}
+        ).all()
+    by_ref = {r.ref: r.call_id for r in rows}
+    intervals = handler_intervals(engine, list(by_ref))
+    return {by_ref[ref]: interval for ref, interval in intervals.items()}
 
 
 def test_a_parallel_reads_run_concurrently_and_join_by_id(producer, stack, engine):

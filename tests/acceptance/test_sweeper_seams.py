@@ -22,6 +22,7 @@ from tests.acceptance.conftest import (
     REFUND_O17,
     SUPPORT_A,
     effects_for,
+    handler_runs,
     scalar,
     trace_events,
     wait_until,
@@ -41,8 +42,7 @@ __all__ = ["database_url", "env", "make_producer", "private_redis", "start"]  # 
 
 
 def _runs(engine: Engine, ref: str) -> int:
-    """Handler runs of one call: every reservation (or takeover) of its operation runs it."""
-    return len(trace_events(engine, ref, "reserved")) + len(trace_events(engine, ref, "takeover"))
+    return handler_runs(engine, ref)
 
 
 def _code(result: Any) -> str | None:
@@ -192,7 +192,7 @@ def test_a_recovery_does_not_wipe_calls_a_slow_worker_took_after_it_read_them(
         [{"call_id": "a", "tool_name": "get_stock", "arguments": {"symbol": "A"}}], SUPPORT_A
     )
     (a,) = first.calls
-    wait_until(lambda: trace_events(engine, a.ref, "reserved"), what="call a to start")
+    wait_until(lambda: _taken_refs(conn, queue_name, worker) == {a.ref}, what="call a taken")
     s.signal("worker-1", signal.SIGSTOP)  # alive, but stops beating
     second = producer.submit(
         [{"call_id": "b", "tool_name": "get_stock", "arguments": {"symbol": "B"}}], SUPPORT_A

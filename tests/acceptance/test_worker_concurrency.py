@@ -7,10 +7,18 @@ from __future__ import annotations
 import signal
 from typing import Any
 
+import redis
 from sqlalchemy import Engine, text
 
 from callgate.producer import Producer
-from tests.acceptance.conftest import SUPPORT_A, effects_for, requests_for, wait_until
+from callgate.queue import transport
+from tests.acceptance.conftest import (
+    SUPPORT_A,
+    effects_for,
+    handler_intervals,
+    requests_for,
+    wait_until,
+)
 from tests.acceptance.private_stack import (
     database_url,
     env,
@@ -37,17 +45,8 @@ def _submit_each(producer: Producer, tool: str, args: list[dict[str, Any]]) -> l
 
 
 def _intervals(engine: Engine, refs: list[str]) -> list[tuple[Any, Any]]:
-    """Each call's [reserved, completed] interval, from the trace's own timestamps."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT call_ref, min(at) FILTER (WHERE event IN ('reserved', 'takeover')) AS s,"
-                " max(at) FILTER (WHERE event = 'completed') AS e"
-                " FROM callgate.trace_events WHERE call_ref = ANY(:refs) GROUP BY call_ref"
-            ),
-            {"refs": refs},
-        ).all()
-    return [(r.s, r.e) for r in rows]
+    """Each call's [started, completed] interval, from Postgres' own timestamps."""
+    return list(handler_intervals(engine, refs).values())
 
 
 def _all_succeeded(producer: Producer, turns: list[Any]) -> None:
@@ -107,7 +106,7 @@ def test_sigkill_with_k_writes_in_flight_loses_none_and_duplicates_none(
     assert [requests_for(engine, k) for k in keys] == [2] * K  # sent twice, applied once
 
 
-def test_sigterm_finishes_the_calls_in_flight_and_takes_no_more(start, make_producer, engine):
+def test_sigterm_finishes_the_calls_in_flight_and_takes_no_more(start, make_producer, engine, env):
     s = start(
         workers=1,
         CALLGATE_WORKER_CONCURRENCY="4",
@@ -116,24 +115,37 @@ def test_sigterm_finishes_the_calls_in_flight_and_takes_no_more(start, make_prod
     )
     producer = make_producer()
     first = _submit_each(producer, "get_stock", [{"symbol": f"S{i}"} for i in range(4)])
-    wait_until(lambda: len(_started(engine, _refs(first))) == 4, what="4 calls in flight")
+    wait_until(lambda: len(_started(engine, env, _refs(first))) == 4, what="4 calls in flight")
     s.signal("worker-1", signal.SIGTERM)
     later = _submit_each(producer, "get_stock", [{"symbol": "LATE"}])
     assert s.procs["worker-1"].wait(timeout=20) == 0
     _all_succeeded(producer, first)
-    assert _started(engine, _refs(later)) == []  # the draining worker took no new call
+    assert _started(engine, env, _refs(later)) == []  # the draining worker took no new call
     worker_without_delay(s, "worker-2")
     _all_succeeded(producer, later)
 
 
-def _started(engine: Engine, refs: list[str]) -> list[str]:
+def _started(engine: Engine, env: dict[str, str], refs: list[str]) -> list[str]:
+    """The calls among ``refs`` a worker took (a read takes no reservation: its worker's
+    taken hash lists it while it runs) or that ended."""
+    conn = redis.Redis.from_url(env["CALLGATE_REDIS_URL"])
+    queue = env["CALLGATE_QUEUE"]
+    taken: set[str] = set()
+    for raw in conn.smembers(transport.workers_key(queue)):  # type: ignore[union-attr]
+        key = transport.taken_key(queue, raw.decode())
+        held: dict[bytes, bytes] = conn.hgetall(key)  # type: ignore[assignment]
+        taken |= {str(transport.call_ref(v)) for v in held.values()}
+    return sorted((taken & set(refs)) | set(_ended(engine, refs)))
+
+
+def _ended(engine: Engine, refs: list[str]) -> list[str]:
     with engine.connect() as conn:
         return [
             str(r[0])
             for r in conn.execute(
                 text(
-                    "SELECT DISTINCT call_ref FROM callgate.trace_events"
-                    " WHERE call_ref = ANY(:refs) AND event IN ('reserved', 'takeover')"
+                    "SELECT id FROM callgate.calls"
+                    " WHERE id = ANY(CAST(:refs AS uuid[])) AND completed_at IS NOT NULL"
                 ),
                 {"refs": refs},
             )

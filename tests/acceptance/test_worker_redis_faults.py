@@ -18,7 +18,10 @@ from sqlalchemy import Engine
 
 from callgate.ops.stack import wait_for_workers
 from callgate.queue import transport
-from tests.acceptance.conftest import scalar, wait_until
+from tests.acceptance.conftest import (
+    handler_runs,
+    wait_until,
+)
 from tests.acceptance.private_stack import (
     database_url,
     env,
@@ -46,14 +49,9 @@ def _worker_name(r: redis_lib.Redis, queue: str) -> str:
 
 
 def _reservations(engine: Engine, ref: str) -> int:
-    return int(
-        scalar(
-            engine,
-            "SELECT count(*) FROM callgate.trace_events WHERE call_ref = :r"
-            " AND event IN ('reserved', 'takeover')",
-            r=ref,
-        )
-    )
+    """How many times the call's handler ran (a read takes no reservation; see
+    ``handler_runs``)."""
+    return handler_runs(engine, ref)
 
 
 def _took(replies: bytes) -> bool:
