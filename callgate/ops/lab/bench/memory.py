@@ -2,30 +2,25 @@
 idle, then while it holds as many calls as it will take at once.
 
 The calls sleep in their handler, so they stay in flight while memory is read; how many were
-in flight is read from Postgres (calls started and not ended), not assumed from the setting.
+in flight is read from Redis (the jobs the worker took and holds, its taken hash: a read takes
+no reservation, so Postgres does not see it start), not assumed from the setting.
 Two burst workers without the delay then finish what is left.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
-
-from sqlalchemy import text
+from typing import Any, cast
 
 from callgate.ops.lab.bench import procs, workload
 from callgate.ops.lab.bench.procs import BenchError
 from callgate.ops.lab.bench.services import Services
 from callgate.ops.lab.bench.stack import running
 from callgate.ops.lab.bench.workload import CONTEXT
+from callgate.queue import transport
 
 HOLD_MS = 1500
 SETTLE_SECONDS = 1.0
-
-IN_FLIGHT_SQL = """
-SELECT count(*) FROM callgate.calls
- WHERE turn_id = ANY(CAST(:turns AS uuid[])) AND state = 'started'
-"""
 
 
 def per_call(services: Services, *, concurrency: int) -> dict[str, Any]:
@@ -53,7 +48,7 @@ def per_call(services: Services, *, concurrency: int) -> dict[str, Any]:
         time.sleep(0.2)
         idle = procs.rss_kib(pid)
         turns = [run.producer.submit(t, CONTEXT).turn_id for t in workload.reads(concurrency)]
-        in_flight, busy = _peak(services, turns, pid, expected=concurrency)
+        in_flight, busy = _peak(services, run.env["CALLGATE_QUEUE"], pid, expected=concurrency)
         drainers = [
             procs.callgate(["worker", "--burst"], {**run.env, "CALLGATE_DEMO_DELAY_MS": ""})
             for _ in range(2)
@@ -72,13 +67,22 @@ def per_call(services: Services, *, concurrency: int) -> dict[str, Any]:
     }
 
 
-def _peak(services: Services, turns: list[str], pid: int, *, expected: int) -> tuple[int, int]:
+def _held(services: Services, queue: str) -> int:
+    """Jobs the queue's workers took and hold (their taken hashes)."""
+    r = services.redis
+    workers = cast(set[bytes], r.smembers(transport.workers_key(queue)))
+    held = 0
+    for worker in workers:
+        held += r.hlen(transport.taken_key(queue, worker.decode()))
+    return held
+
+
+def _peak(services: Services, queue: str, pid: int, *, expected: int) -> tuple[int, int]:
     """Sample until ``expected`` calls are in flight or the count stops growing."""
     deadline = time.monotonic() + SETTLE_SECONDS
     best, rss = 0, procs.rss_kib(pid)
     while time.monotonic() < deadline:
-        with services.engine.connect() as conn:
-            now = int(conn.execute(text(IN_FLIGHT_SQL), {"turns": turns}).scalar_one())
+        now = _held(services, queue)
         if now > best:
             best, rss = now, procs.rss_kib(pid)
             if best >= expected:
