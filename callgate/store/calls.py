@@ -19,11 +19,21 @@ SELECT c.id, c.turn_id, c.call_id, c.tool_name, c.arguments, c.kind, c.state,
        op.state AS op_state, op.intent_hash AS op_intent, op.canonical AS op_canonical,
        -- on Postgres' clock at both ends (no skew between hosts): the queue-wait histogram
        CAST(EXTRACT(EPOCH FROM clock_timestamp() - c.dispatched_at) AS float8)
-         AS queue_wait_seconds
+         AS queue_wait_seconds,
+       -- a read that ended under the same operation id (an application's retry in a later
+       -- turn): its result is reused when the intent matches (a read stores no result on
+       -- its operation; this is the one copy)
+       prior.result AS prior_result, prior.audit ->> 'intent_hash' AS prior_intent
   FROM callgate.calls AS c
   JOIN callgate.turns AS t USING (turn_id)
   JOIN callgate.operations AS op ON op.operation_id = c.operation_id
   LEFT JOIN callgate.calls AS prev ON prev.id = c.after_call
+  LEFT JOIN LATERAL (
+      SELECT p.result, p.audit FROM callgate.calls AS p
+       WHERE p.operation_id = c.operation_id AND p.id <> c.id AND p.audit IS NOT NULL
+         AND p.state IN ('succeeded', 'failed_terminal')
+       ORDER BY p.completed_at LIMIT 1
+  ) AS prior ON true
  WHERE c.id = :ref
 """
 
@@ -57,6 +67,9 @@ class CallRecord:
     queue_wait_seconds: float | None = None
     # The submit's W3C trace context (``traceparent``, ``tracestate``); None: not traced.
     trace_context: dict[str, str] | None = None
+    # The result of a read that ended under the same operation id, and its intent.
+    prior_result: dict[str, Any] | None = None
+    prior_intent: str | None = None
 
 
 def load(engine: Engine, ref: uuid.UUID) -> CallRecord | None:

@@ -110,3 +110,31 @@ def attempt_spans(engine: Engine, call_ref: uuid.UUID, generation: int) -> list[
             text(ATTEMPT_SPANS_SQL), {"call_ref": call_ref, "generation": generation}
         ).all()
     return [dict(row.span_context) for row in rows if isinstance(row.span_context, dict)]
+
+
+# When each call's handler ran, on Postgres' clock: from its reservation (or takeover) to its
+# completion event; a read, which takes no reservation, from its audit on the call row: its
+# completion less the handler's measured duration. For the demo's and the tests' checks that
+# calls ran at once.
+INTERVALS_SQL = """
+SELECT CAST(c.id AS text) AS ref, c.call_id,
+       coalesce(min(e.at) FILTER (WHERE e.event IN ('reserved', 'takeover')),
+                c.completed_at
+                  - make_interval(secs => CAST(c.audit ->> 'duration_ms' AS float8) / 1000))
+           AS started,
+       coalesce(max(e.at) FILTER (WHERE e.event = 'completed'), c.completed_at) AS ended
+  FROM callgate.calls AS c
+  LEFT JOIN callgate.trace_events AS e ON e.call_ref = c.id
+ WHERE c.turn_id = CAST(:turn AS uuid) OR c.id = ANY(CAST(:refs AS uuid[]))
+ GROUP BY c.id
+"""
+
+
+def execution_intervals(
+    engine: Engine, *, turn_id: str | None = None, refs: list[str] | None = None
+) -> dict[str, tuple[str, Any, Any]]:
+    """Per call (by ref) of a turn or among ``refs``: its call id, and when its handler
+    started and its completion committed (None where the trace does not say)."""
+    with engine.connect() as conn:
+        rows = conn.execute(text(INTERVALS_SQL), {"turn": turn_id, "refs": refs or []}).all()
+    return {r.ref: (r.call_id, r.started, r.ended) for r in rows}

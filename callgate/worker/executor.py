@@ -260,6 +260,11 @@ def _deliver(d: _Delivery) -> DeliveryOutcome:
             return parked
 
     if tool.kind == "read" and call.op_state == "pending" and call.op_intent is None:
+        if call.prior_result is not None and call.prior_intent == intent:
+            # A read that ended under this operation id with this intent (the same request
+            # proposed again in a later turn): its result, not a new run.
+            d.verdicts["idempotency"] = "reused"
+            return _reuse_read(d, call.prior_result)
         return _run_read(d, tool, args, key, facts)
     return _run(d, tool, args, key, intent, facts)
 
@@ -458,7 +463,14 @@ def _run_read(d: _Delivery, tool: Tool, args: Arguments, key: str, facts: Facts)
     return _end_read(d, outcome)
 
 
-def _end_read(d: _Delivery, outcome: _Outcome) -> DeliveryOutcome:
+def _reuse_read(d: _Delivery, prior: Mapping[str, Any]) -> DeliveryOutcome:
+    status = str(prior["status"])
+    payload = prior.get("data") if status == "succeeded" else prior.get("error")
+    ended = _end_read(d, _Outcome(status, dict(payload or {})), reused=True)
+    return DeliveryOutcome.REUSED if ended is not DeliveryOutcome.DUPLICATE_DELIVERY else ended
+
+
+def _end_read(d: _Delivery, outcome: _Outcome, *, reused: bool = False) -> DeliveryOutcome:
     """Commit a read's outcome unless the call already ended, in a batch with the reads
     finishing beside it. A result Postgres cannot store ends the call with
     ``execution_failed``."""
@@ -483,7 +495,10 @@ def _end_read(d: _Delivery, outcome: _Outcome) -> DeliveryOutcome:
         return DeliveryOutcome.DUPLICATE_DELIVERY
     code = outcome.payload.get("code")
     d.status, d.code = outcome.status, code
-    events.completed(call, d.tool, outcome.status, code, 1)
+    if reused:
+        events.reused(call, d.tool, 1)
+    else:
+        events.completed(call, d.tool, outcome.status, code, 1)
     return DeliveryOutcome(outcome.status)
 
 

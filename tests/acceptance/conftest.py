@@ -15,6 +15,7 @@ from sqlalchemy import Engine, text
 from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
+from callgate.store import trace as store_trace
 
 SUPPORT_A = {
     "request_id": "req-t",
@@ -101,28 +102,10 @@ def trace_events(engine: Engine, call_ref: str, event: str | None = None) -> lis
         return [dict(r) for r in rows]
 
 
-# When each call's handler ran, from Postgres' own timestamps: a reservation (or takeover)
-# to its completion event; a read, which takes no reservation, from its audit on the call
-# row: its completion less the handler's measured duration.
-_INTERVALS_SQL = """
-SELECT c.id AS ref,
-       coalesce(min(e.at) FILTER (WHERE e.event IN ('reserved', 'takeover')),
-                c.completed_at
-                  - make_interval(secs => CAST(c.audit ->> 'duration_ms' AS float8) / 1000))
-           AS started,
-       coalesce(max(e.at) FILTER (WHERE e.event = 'completed'), c.completed_at) AS ended
-  FROM callgate.calls AS c
-  LEFT JOIN callgate.trace_events AS e ON e.call_ref = c.id
- WHERE c.id = ANY(CAST(:refs AS uuid[]))
- GROUP BY c.id
-"""
-
-
 def handler_intervals(engine: Engine, refs: list[str]) -> dict[str, tuple[Any, Any]]:
-    """Each started call's [started, ended] interval by ref (see ``_INTERVALS_SQL``)."""
-    with engine.connect() as conn:
-        rows = conn.execute(text(_INTERVALS_SQL), {"refs": refs}).all()
-    return {str(r.ref): (r.started, r.ended) for r in rows if r.started is not None}
+    """Each started call's [started, ended] interval by ref (a read's from its audit)."""
+    found = store_trace.execution_intervals(engine, refs=refs)
+    return {ref: (started, ended) for ref, (_, started, ended) in found.items() if started}
 
 
 def handler_runs(engine: Engine, ref: str) -> int:

@@ -139,7 +139,8 @@ def test_owner_stopped_in_the_crash_gap_has_its_completion_refused_when_it_wakes
 def test_a_downstream_slower_than_the_lease_keeps_its_owner() -> None:
     row = passed("slow-downstream")
     c = row["counts"]
-    assert (c["takeovers"], c["reservations"], c["requests"]) == (0, 2, 1)
+    # One reservation: the refund's (the read takes none), kept for 3.5 leases.
+    assert (c["takeovers"], c["reservations"], c["requests"]) == (0, 1, 1)
 
 
 # --- transport and results ----------------------------------------------------------------

@@ -177,12 +177,13 @@ def test_a_parked_call_interrupts_the_graph_until_a_colleague_approves(
     assert effects_of_tool(engine, context["request_id"], "delete_emails") == 50
     # Each run of the node was a turn; the weather read ran once, its result reused.
     assert turns_of(engine, context["request_id"]) == 3
+    # (A read takes no reservation: each run is a call whose audit does not say "reused".)
     assert (
         scalar(
             engine,
-            "SELECT count(*) FROM callgate.trace_events e JOIN callgate.calls c"
-            " ON c.id = e.call_ref JOIN callgate.turns t ON t.turn_id = c.turn_id"
-            " WHERE t.request_id = :r AND c.call_id = 'c-w' AND e.event = 'reserved'",
+            "SELECT count(*) FROM callgate.calls c JOIN callgate.turns t USING (turn_id)"
+            " WHERE t.request_id = :r AND c.call_id = 'c-w' AND c.audit IS NOT NULL"
+            " AND c.audit #>> '{verdicts,idempotency}' IS DISTINCT FROM 'reused'",
             r=context["request_id"],
         )
         == 1

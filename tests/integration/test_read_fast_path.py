@@ -289,3 +289,26 @@ def test_a_read_hung_on_a_live_worker_is_dispatched_again_after_the_job_timeout(
     # Past the job timeout; the other is still running. (Other tests' calls may be due too.)
     assert hung in done.dispatched and slow not in done.dispatched
     assert r.exists(f"rq:job:{hung}") and not r.exists(f"rq:job:{slow}")
+
+
+def test_a_read_proposed_again_under_its_operation_id_reuses_its_result(world: World) -> None:
+    first = world.producer.submit(
+        [{"call_id": "c1", "tool_name": "probe", "arguments": {"token": "same"}}], CONTEXT
+    )
+    (one,) = first.calls
+    assert executor.execute(world.rt, uuid.UUID(one.ref)) is DeliveryOutcome.SUCCEEDED
+    # The same request in a later turn, under the same operation id (a framework re-running
+    # its node after an interrupt): the result of the first run, not a second run.
+    again = world.producer.submit(
+        [{"call_id": "c2", "tool_name": "probe", "arguments": {"token": "same"}}],
+        CONTEXT,
+        operation_ids={"c2": one.operation_id},
+    )
+    (two,) = again.calls
+    assert executor.execute(world.rt, uuid.UUID(two.ref)) is DeliveryOutcome.REUSED
+
+    assert world.probe.invocations == ["same"]
+    first_result = world.one("SELECT result FROM callgate.calls WHERE id = :r", r=one.ref)[0]
+    second_result = world.one("SELECT result FROM callgate.calls WHERE id = :r", r=two.ref)[0]
+    assert second_result["data"] == first_result["data"] and second_result["call_id"] == "c2"
+    assert world.count("outbox", uuid.UUID(two.ref)) == 1

@@ -346,20 +346,10 @@ def _outbox_rows(engine: Engine, call_ref: str) -> int:
 
 
 def _execution_intervals(engine: Engine, turn_id: str) -> dict[str, tuple[Any, Any]]:
-    """Per call, when a worker reserved it and when its completion committed, from the trace
-    (each is one statement's ``now()`` in Postgres): its handler ran in between."""
-    with engine.connect() as conn:
-        rows = conn.execute(
-            text(
-                "SELECT c.call_id,"
-                "       min(t.at) FILTER (WHERE t.event IN ('reserved', 'takeover')) AS started,"
-                "       max(t.at) FILTER (WHERE t.event = 'completed') AS ended"
-                "  FROM callgate.calls AS c JOIN callgate.trace_events AS t ON t.call_ref = c.id"
-                " WHERE c.turn_id = :t GROUP BY c.call_id"
-            ),
-            {"t": turn_id},
-        )
-        return {r.call_id: (r.started, r.ended) for r in rows}
+    """Per call, when its handler started and when its completion committed, on Postgres'
+    clock (``store.trace.execution_intervals``)."""
+    found = trace.execution_intervals(engine, turn_id=turn_id)
+    return {call_id: (started, ended) for call_id, started, ended in found.values()}
 
 
 def _overlap_evidence(overlap: float | None, attempt: int) -> str:
