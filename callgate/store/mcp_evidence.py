@@ -2,7 +2,7 @@
 
 An MCP ``tools/call`` goes out under a JSON-RPC request id callgate mints for it, never the
 provider's call id. ``record`` writes one trace event for each call the operation has
-started (normally one), so ``callgate trace CALL_ID`` shows the request id, the response id
+started (normally one; a read's own open call), so ``callgate trace CALL_ID`` shows the request id, the response id
 and what the server answered next to the provider's call id. One statement; it changes no
 state.
 """
@@ -21,7 +21,10 @@ INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, gener
 SELECT c.turn_id, c.id, c.operation_id, :event, :generation,
        jsonb_build_object('tool_call_id', c.call_id) || CAST(:detail AS jsonb)
   FROM callgate.calls AS c
- WHERE c.operation_id = :operation_id AND c.state = 'started'
+ WHERE c.operation_id = :operation_id
+   -- the calls this run serves: those its reservation started; a read runs with no
+   -- reservation (generation 0) for its call, which is still open
+   AND (c.state = 'started' OR (CAST(:generation AS integer) = 0 AND c.state = 'proposed'))
 RETURNING detail->>'tool_call_id'
 """
 
