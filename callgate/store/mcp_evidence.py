@@ -2,9 +2,9 @@
 
 An MCP ``tools/call`` goes out under a JSON-RPC request id callgate mints for it, never the
 provider's call id. ``record`` writes one trace event for each call the operation has
-started (normally one; a read's own open call), so ``callgate trace CALL_ID`` shows the request id, the response id
-and what the server answered next to the provider's call id. One statement; it changes no
-state.
+started (normally one; a read's own open call), so ``callgate trace CALL_ID`` shows the
+request id, the response id and what the server answered next to the provider's call id.
+One statement; it changes no state.
 """
 
 from __future__ import annotations
