@@ -8,14 +8,10 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
 WORKDIR /src
-# callgate/ holds symlinks to the top-level folders; COPY keeps them, and the wheel
-# build follows them.
-COPY pyproject.toml README.md ./
+# The code is all in callgate/; the checkout's top-level producer/, worker/, store/ and ops/
+# are links into it for readers, and the build needs none of them.
+COPY pyproject.toml README.md LICENSE ./
 COPY callgate ./callgate
-COPY producer ./producer
-COPY worker ./worker
-COPY store ./store
-COPY ops ./ops
 # The api extra: `callgate api` (the HTTP API and the approval console) runs from this image too;
 # the otel extra: every process exports traces when OTEL_EXPORTER_OTLP_ENDPOINT is set.
 RUN pip install '.[api,otel]' \

@@ -5,10 +5,13 @@ The public API is importable from here::
 
     from callgate import Producer, Registry, Tool
 
-Submodules live under ``callgate.producer`` (adapters, submit, fan-in), ``callgate.worker``
-(gate, executor, tools), ``callgate.store`` (Postgres: schema, reservations, outbox) and
-``callgate.ops`` (CLI, embedded services, bench). Names are resolved on first use, so
-``import callgate`` stays cheap and loads no database driver.
+Submodules live under ``callgate.producer`` (adapters, submit, fan-in), ``callgate.tools``
+(the registry, ``@tool``, the gate's layers, safe results), ``callgate.worker`` (consumer,
+executor, sandbox, MCP tools), ``callgate.daemons`` (relayer, sweeper), ``callgate.store``
+(Postgres: schema, every statement), ``callgate.queue`` (Redis) and ``callgate.ops`` (CLI,
+HTTP API, embedded services; ``ops.lab``: demo, chaos, bench, eval); docs/architecture.md
+draws the layers. Names are resolved on first use, so ``import callgate`` stays cheap and loads
+no database driver.
 """
 
 from __future__ import annotations

@@ -14,6 +14,15 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+# The checkout's top-level producer/ is a link to this folder, kept for readers. Imported through
+# it, every module would load a second time under another name, with its own exception
+# classes, so the second path is refused.
+if __name__ != "callgate.producer":
+    raise ImportError(
+        "import callgate.producer, not producer: "
+        "the checkout's producer/ is a link kept for readers"
+    )
+
 if TYPE_CHECKING:
     from callgate.producer.async_producer import AsyncProducer
     from callgate.producer.producer import Collected, Producer

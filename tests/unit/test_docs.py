@@ -30,12 +30,12 @@ PACKAGE = Path(callgate.__file__).resolve().parent
 
 
 def _pages() -> list[Path]:
-    return [README, *sorted(DOCS.glob("*.md"))]
+    return [README, ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted(DOCS.glob("*.md"))]
 
 
 def _python_sources(top: Path) -> Iterator[Path]:
-    # The package's subpackages may be symlinks to top-level folders: follow them.
-    for folder, _dirs, files in os.walk(top, followlinks=True):
+    # The code is all under callgate/ (the checkout's top-level folders are links into it).
+    for folder, _dirs, files in os.walk(top):
         for name in files:
             if name.endswith(".py"):
                 yield Path(folder) / name
@@ -195,7 +195,7 @@ def test_relative_link_resolves(page: Path, target: str) -> None:
 
 
 def _all_doc_pages() -> list[Path]:
-    return [README, *sorted(DOCS.rglob("*.md"))]
+    return [README, ROOT / "CONTRIBUTING.md", ROOT / "CHANGELOG.md", *sorted(DOCS.rglob("*.md"))]
 
 
 @pytest.mark.parametrize("page", _all_doc_pages(), ids=lambda p: str(p.relative_to(ROOT)))
