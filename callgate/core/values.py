@@ -25,6 +25,9 @@ MAX_JSON_DEPTH = 64
 MAX_INT_BITS = 4096
 # How much of a hostile key or id an error message repeats.
 SHOWN_CHARS = 60
+# Arguments a model sent that are not JSON are kept, hashed and stored as {RAW_ARGUMENTS: text}:
+# only the identical string repeats such a call, and the gate refuses it with the text shown.
+RAW_ARGUMENTS = "$raw"
 
 _UNSTORABLE = re.compile("[\x00\ud800-\udfff]")
 

@@ -85,7 +85,7 @@ def arguments_hash(arguments: Mapping[str, Any] | str) -> str:
         try:
             value = values.loads(arguments)
         except JSONValueError:
-            value = {"$raw": arguments}  # unparseable: only the identical string repeats it
+            value = {values.RAW_ARGUMENTS: arguments}
     return hashlib.sha256(canonical_json(value).encode()).hexdigest()
 
 

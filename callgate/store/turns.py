@@ -10,14 +10,13 @@ from typing import Any
 
 from sqlalchemy import Connection, Engine, Float, cast, extract, func, insert, select, text
 
+from callgate.core import values
 from callgate.core.errors import ErrorCode, InputError, UnknownTurn
 from callgate.core.types import CallContext, ProposedCall, Turn, TurnCall
 from callgate.core.values import printable
 from callgate.store import db
 from callgate.store.endings import call_result
 from callgate.store.schema import calls, turns
-
-RAW_ARGUMENTS = "$raw"  # key under which unparsed argument strings are stored
 
 
 @dataclass(frozen=True)
@@ -386,7 +385,7 @@ def _check_operations_belong(
 def _arguments_document(arguments: Mapping[str, Any] | str) -> Any:
     # Raw JSON strings are kept as given, so the gate can report invalid_arguments_json.
     if isinstance(arguments, str):
-        return {RAW_ARGUMENTS: arguments}
+        return {values.RAW_ARGUMENTS: arguments}
     return dict(arguments)
 
 

@@ -17,21 +17,13 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any
 
 from pydantic import BaseModel
-from tenacity import (
-    RetryCallState,
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_before_delay,
-    wait_exponential,
-    wait_random,
-)
 
+from callgate.core import values
 from callgate.core.errors import (
     CallgateError,
     ErrorCode,
@@ -46,25 +38,17 @@ from callgate.observe import metrics, tracing
 from callgate.queue import transport
 from callgate.store import approvals, calls, db, endings, reservations
 from callgate.store.trace import attempt_spans
-from callgate.store.turns import RAW_ARGUMENTS
 from callgate.tools import gate, redaction, results
 from callgate.tools.intent import idempotency_key, intent_hash
 from callgate.tools.registry import Arguments, ExecutionContext, Facts, Principal, Tool
-from callgate.worker import aio, events, group_commit
+from callgate.worker import events, group_commit, retry
 from callgate.worker.events import DeliveryOutcome
 from callgate.worker.heartbeat import Heartbeat
 from callgate.worker.runtime import Runtime
 
 log = logging.getLogger("callgate.worker")
 
-_T = TypeVar("_T")
-
 SETTLE_ATTEMPTS = 3
-# Between two attempts of a handler: exponential back-off (0.1 s, 0.2 s, 0.4 s, … at most 2 s)
-# plus up to 0.1 s of jitter, so calls that failed together do not retry together; never less
-# than the downstream's own retry_after_ms. The attempts and the time they may take are the
-# call's retry budget (CALLGATE_RETRY_ATTEMPTS, CALLGATE_RETRY_BUDGET_SECONDS).
-BACKOFF = wait_exponential(multiplier=0.1, max=2) + wait_random(0, 0.1)
 
 
 class _Delivery:
@@ -141,7 +125,7 @@ def execute(
         queue_wait_seconds=call.queue_wait_seconds,
         # Opt-in: redacted by tracing before any of it is recorded.
         arguments=(
-            call.arguments.get(RAW_ARGUMENTS, call.arguments)
+            call.arguments.get(values.RAW_ARGUMENTS, call.arguments)
             if rt.settings.trace_arguments == "redacted"
             else None
         ),
@@ -276,7 +260,7 @@ def _check_call(d: _Delivery) -> tuple[Tool, Arguments]:
         d.verdicts[layer] = "pass"
         layer = "parse"
         raw = d.call.arguments
-        arguments = gate.parse_arguments(raw.get(RAW_ARGUMENTS, raw))
+        arguments = gate.parse_arguments(raw.get(values.RAW_ARGUMENTS, raw))
         d.verdicts[layer] = "pass"
         layer = "schema"
         args = gate.validate_arguments(tool, arguments)
@@ -293,7 +277,7 @@ def _resolve(tool: Tool, args: Arguments, principal: Principal, settings: Settin
         return Facts()
     resolve = tool.resolve
     try:
-        return _read(lambda: resolve(args, principal), settings)
+        return retry.lookup(lambda: resolve(args, principal), settings)
     except ToolError:
         raise
     except Exception as exc:  # the lookup's service failed; the same call may work later
@@ -395,7 +379,7 @@ def _run(
             on_effect=metrics.effect_reporter(tool.name, tool.kind),
         )
         outcome: _Outcome | None = None
-        if reserved.takeover and not _safe_to_repeat(tool):
+        if reserved.takeover and not retry.safe_to_repeat(tool):
             # The previous owner died or stalled after it started: its write may have
             # applied. Fencing cannot tell (it refuses a stale owner's late write, not a
             # second write after the first one landed); only the tool's status lookup can.
@@ -502,21 +486,17 @@ def _end_read(d: _Delivery, outcome: _Outcome, *, reused: bool = False) -> Deliv
     return DeliveryOutcome(outcome.status)
 
 
-class _Lease(Protocol):
-    def expired(self) -> bool: ...
-
-
 def _handle(
     d: _Delivery,
     tool: Tool,
     args: Arguments,
     ctx: ExecutionContext,
-    heartbeat: _Lease,
+    heartbeat: retry.Lease,
     detail: dict[str, Any],
 ) -> _Outcome:
     """Run the handler and classify what happened. ``StaleFence`` propagates."""
     try:
-        raw = _run_handler(
+        raw = retry.run_handler(
             tool,
             args,
             ctx,
@@ -527,14 +507,14 @@ def _handle(
     except StaleFence:
         raise
     except ToolError as err:
-        if err.retryable and err.applied is not False and not _safe_to_repeat(tool):
+        if err.retryable and err.applied is not False and not retry.safe_to_repeat(tool):
             # "Try again later" from a write that may have applied (a timeout after the
             # request left) and that nothing downstream deduplicates: not a retry.
             settled = _settle(d, tool, args, ctx, detail, "the write may have applied")
             return settled or _Outcome(results.failure_status(err), results.failure_error(err))
         return _Outcome(results.failure_status(err), results.failure_error(err))
     except Exception as exc:  # a handler bug, a job timeout: never leak its text to the model
-        if transient_failure(exc) and _safe_to_repeat(tool):
+        if retry.transient_failure(exc) and retry.safe_to_repeat(tool):
             if tool.kind == "write":
                 # A dropped connection to the downstream (a database restart, a terminated
                 # backend, a reset socket) with the retry budget spent. The write may have
@@ -583,7 +563,7 @@ def _settle(
         return _reconciliation(why)
     lookup = tool.lookup
     try:
-        found = _read(lambda: lookup(args, ctx), d.rt.settings)
+        found = retry.lookup(lambda: lookup(args, ctx), d.rt.settings)
     except Exception:
         log.exception("status lookup of %s failed", tool.name)
         d.verdicts["lookup"] = "unknown"
@@ -662,13 +642,6 @@ def _complete(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> Del
     if code == ErrorCode.RECONCILIATION_PENDING:
         return DeliveryOutcome.RECONCILIATION_PENDING
     return DeliveryOutcome(outcome.status)
-
-
-def _safe_to_repeat(tool: Tool) -> bool:
-    """May this tool run again after an attempt that may have applied? A read, a write whose
-    effect is idempotent, or one whose downstream replays an idempotency key. Fencing is not
-    enough (see ``_run``)."""
-    return tool.kind == "read" or tool.effect.idempotent or tool.downstream.idempotency_keys
 
 
 def _refuse(
@@ -768,98 +741,6 @@ def _reuse(d: _Delivery, intent: str) -> DeliveryOutcome:
     _finish(d.rt, finished)
     events.reused(d.call, d.tool, finished.finished)
     return DeliveryOutcome.REUSED if finished.finished else DeliveryOutcome.DUPLICATE_DELIVERY
-
-
-def transient_failure(exc: BaseException) -> bool:
-    """A failure of the handler's connection to its downstream that the next attempt may
-    not meet: a dropped or terminated database connection (PostgreSQL's ``AdminShutdown``),
-    a refused or reset socket, a timeout. Not a refusal, not a bug."""
-    return db.is_connection_failure(exc) or isinstance(exc, ConnectionError | TimeoutError)
-
-
-def may_retry(tool: Tool, exc: BaseException) -> bool:
-    """May a failed attempt be made again with the same key and fence? A retryable refusal
-    or a transient failure, and only where a repeat cannot apply the write twice: a read, a
-    repeat-safe write, or a refusal the handler says did not apply. A stale fence never."""
-    if isinstance(exc, StaleFence):
-        return False
-    if isinstance(exc, ToolError):
-        return exc.retryable and (_safe_to_repeat(tool) or exc.applied is False)
-    return transient_failure(exc) and _safe_to_repeat(tool)
-
-
-def _read(read: Callable[[], _T], settings: Settings) -> _T:
-    """A status lookup, again after a dropped connection within the retry budget: it only
-    reads, so a repeat changes nothing (a terminated backend must not refuse a call)."""
-    retrying = Retrying(
-        stop=stop_after_attempt(settings.retry_attempts)
-        | stop_before_delay(settings.retry_budget_seconds),
-        wait=_wait,
-        retry=retry_if_exception(transient_failure),
-        reraise=True,
-    )
-    return retrying(read)
-
-
-def retry_delay(backoff: float, retry_after_ms: int | None) -> float:
-    """The wait before the next attempt: the back-off, or the downstream's hint if longer."""
-    if retry_after_ms is None or retry_after_ms <= 0:
-        return backoff
-    return max(backoff, retry_after_ms / 1000)
-
-
-def _wait(state: RetryCallState) -> float:
-    exc = state.outcome.exception() if state.outcome is not None else None
-    return retry_delay(BACKOFF(state), getattr(exc, "retry_after_ms", None))
-
-
-def _run_handler(
-    tool: Tool,
-    args: Arguments,
-    ctx: ExecutionContext,
-    heartbeat: _Lease,
-    *,
-    attempts: int,
-    budget_seconds: float,
-) -> dict[str, Any]:
-    """Retry what ``may_retry`` allows with the same key and fence, while the lease holds,
-    within the call's budget: at most ``attempts`` attempts, and no wait that would end past
-    ``budget_seconds`` after the first attempt started.
-
-    The first attempt runs bare: most succeed, and a retry policy costs more to set up than
-    a no-op handler does to run. Only a failure that may be retried goes on under tenacity,
-    which replays it as its attempt 1 (the handler does not run again for it) and counts the
-    budget from the first attempt's start."""
-    started = time.monotonic()
-    metrics.handler_invoked(tool.name, tool.kind)
-    try:
-        result: dict[str, Any] = aio.call(tool.handler, args, ctx)
-        return result
-    except Exception as exc:
-        if attempts <= 1 or not may_retry(tool, exc) or heartbeat.expired():
-            raise
-        first: Exception = exc
-    replayed = False
-
-    def attempt() -> dict[str, Any]:
-        nonlocal replayed
-        if not replayed:
-            replayed = True
-            raise first
-        metrics.handler_invoked(tool.name, tool.kind)
-        again: dict[str, Any] = aio.call(tool.handler, args, ctx)
-        return again
-
-    retrying = Retrying(
-        before_sleep=lambda _: metrics.retry(tool.name),
-        stop=stop_after_attempt(attempts)
-        | stop_before_delay(max(0.0, budget_seconds - (time.monotonic() - started))),
-        wait=_wait,
-        retry=retry_if_exception(lambda e: may_retry(tool, e) and not heartbeat.expired()),
-        reraise=True,
-    )
-    retried: dict[str, Any] = retrying(attempt)
-    return retried
 
 
 def _finish(rt: Runtime, finished: endings.Finished) -> None:

@@ -16,7 +16,7 @@ from callgate.core.errors import ConfigurationError, ErrorCode, StaleFence, Tool
 from callgate.core.settings import Settings
 from callgate.ops.lab.chaos.tools import UNKEYED, chaos_registry
 from callgate.tools.registry import ExecutionContext
-from callgate.worker.executor import _read, _run_handler, may_retry, retry_delay, transient_failure
+from callgate.worker.retry import lookup, may_retry, retry_delay, run_handler, transient_failure
 
 REGISTRY = chaos_registry()
 READ = REGISTRY.tools["get_stock"]
@@ -108,7 +108,7 @@ def _attempts(failure: BaseException | None, *, tool: Any = READ, **budget: Any)
 
     ctx = ExecutionContext("t", "u", "op", "key", 1, "r")
     with contextlib.suppress(Exception):
-        _run_handler(
+        run_handler(
             dataclasses.replace(tool, handler=handler),
             {},
             ctx,
@@ -150,7 +150,7 @@ def test_a_status_lookup_is_read_again_after_a_dropped_connection_but_not_after_
             raise admin_shutdown()
         return "found"
 
-    assert _read(flaky, settings) == "found" and len(reads) == 2
+    assert lookup(flaky, settings) == "found" and len(reads) == 2
 
     def broken() -> str:
         reads.append(1)
@@ -158,5 +158,5 @@ def test_a_status_lookup_is_read_again_after_a_dropped_connection_but_not_after_
 
     reads.clear()
     with pytest.raises(ValueError):
-        _read(broken, settings)
+        lookup(broken, settings)
     assert len(reads) == 1

@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import anyio
@@ -18,11 +16,11 @@ from callgate.core.settings import Settings
 from callgate.ops.http import console, problems, routes
 from callgate.ops.http.access import AccessLog
 from callgate.ops.http.auth import RateLimiter, WaitSlots
+from callgate.ops.http.services import Services
 from callgate.ops.http.settings import SMALL_BODY_BYTES, ApiSettings
 from callgate.producer import Producer
 from callgate.producer.async_producer import AsyncProducer
 from callgate.queue import transport
-from callgate.store.db import Engine
 
 log = logging.getLogger("callgate.api")
 
@@ -149,35 +147,6 @@ def _too_large(limit: int) -> ASGIApp:
         f"the body is larger than this route's {limit} bytes",
         headers={"Connection": "close"},
     )
-
-
-@dataclass
-class Services:
-    """One producer (its engine and Redis connection are shared by every request), its
-    asyncio twin for long-polls (the turn's stream is awaited, no thread is held), the rate
-    limiter, the long-poll slots, the key checks' own threads and the API's settings."""
-
-    producer: Producer
-    collector: AsyncProducer
-    limiter: RateLimiter
-    waits: WaitSlots
-    key_checks: anyio.CapacityLimiter
-    readiness: anyio.CapacityLimiter
-    api: ApiSettings
-
-    @property
-    def engine(self) -> Engine:
-        return self.producer.engine
-
-    def dispatch(self, refs: list[uuid.UUID]) -> None:
-        """Enqueue calls a decision made runnable. The decision is committed already: if
-        Redis fails here, the sweeper dispatches them (as for ``callgate approvals``)."""
-        transport.dispatch_after_commit(
-            self.producer.queue,
-            refs,
-            timeout=self.producer.settings.job_timeout_seconds,
-            who="api",
-        )
 
 
 def create_app(settings: Settings, api: ApiSettings) -> FastAPI:

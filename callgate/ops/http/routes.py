@@ -27,6 +27,7 @@ from callgate.core.errors import (
 )
 from callgate.ops.http import access, models, problems, views
 from callgate.ops.http.auth import bearer_key, require_approver
+from callgate.ops.http.services import Services
 from callgate.ops.http.settings import MAX_BODY_BYTES
 from callgate.producer import intake
 from callgate.producer.validation import MAX_ID_LENGTH, check_id, check_timeout
@@ -43,11 +44,12 @@ MAX_QUERY_LENGTH = 4_000
 _bearer = HTTPBearer(auto_error=False, description="An API key: callgate keys create")
 
 
-def services(request: Request) -> Any:
-    return request.app.state.services
+def services(request: Request) -> Services:
+    found: Services = request.app.state.services
+    return found
 
 
-def _check_key(s: Any, key: str, state: dict[str, Any]) -> KeyHolder:
+def _check_key(s: Services, key: str, state: dict[str, Any]) -> KeyHolder:
     principal = api_keys.authenticate(s.engine, key)
     # Before the rate limit, so the access line of a refused request names its key too.
     state[access.KEY_ID_STATE] = principal.key_id
@@ -141,7 +143,7 @@ def _submit_key(principal: KeyHolder, idem: str) -> str:
 
 
 def _submit(
-    s: Any,
+    s: Services,
     who: KeyHolder,
     body: bytes,
     query: str,
@@ -258,7 +260,7 @@ async def submit_turn(
     )
 
 
-def _own_turn(s: Any, who: KeyHolder, turn_id: str) -> None:
+def _own_turn(s: Services, who: KeyHolder, turn_id: str) -> None:
     # Another principal's turn answers exactly like a missing one.
     with db.translate_errors("collect"):
         found = turns.owner(s.engine, turn_id)
@@ -266,7 +268,7 @@ def _own_turn(s: Any, who: KeyHolder, turn_id: str) -> None:
         raise UnknownTurn(f"no turn {turn_id}")
 
 
-async def _collect_unless_gone(request: Request, s: Any, turn_id: str, wait: float) -> Any:
+async def _collect_unless_gone(request: Request, s: Services, turn_id: str, wait: float) -> Any:
     """``collect`` for up to ``wait`` seconds, ended early (None) if the client hangs up: a
     wait nobody will read gives its slot (and its Redis read) back at once."""
 
@@ -372,7 +374,7 @@ def list_tools(
     return JSONResponse(intake.tool_definitions(definitions, provider))
 
 
-def _views(s: Any, who: KeyHolder, state: str | None) -> list[dict[str, Any]]:
+def _views(s: Services, who: KeyHolder, state: str | None) -> list[dict[str, Any]]:
     with db.translate_errors("approvals"):
         every = approvals.requests(s.engine, tenant=who.tenant_id)
     shown = views.approval_views(every, datetime.now(UTC))
@@ -394,7 +396,7 @@ def list_approvals(
     return _views(services(request), who, None if state == "all" else state)
 
 
-def approval_detail(s: Any, who: KeyHolder, approval_id: str) -> dict[str, Any]:
+def approval_detail(s: Services, who: KeyHolder, approval_id: str) -> dict[str, Any]:
     with db.translate_errors("approvals"):
         found = approvals.show(s.engine, approval_id, tenant=who.tenant_id)  # unknown_approval
         calls = turns.calls_of_approval(s.engine, approval_id)
@@ -418,7 +420,7 @@ def show_approval(
     return approval_detail(services(request), who, approval_id)
 
 
-def decide(s: Any, who: KeyHolder, approval_id: str, verdict: str) -> dict[str, Any]:
+def decide(s: Services, who: KeyHolder, approval_id: str, verdict: str) -> dict[str, Any]:
     """Approve or deny as the key's user, for the key's tenant; never one's own request
     (four eyes, in the deciding statement itself)."""
     require_approver(who)
@@ -506,7 +508,7 @@ async def readyz(request: Request) -> dict[str, Any]:
     return {"status": "ready", "postgres": True, "redis": True}
 
 
-def _ready(s: Any) -> None:
+def _ready(s: Services) -> None:
     with db.translate_errors("readyz"):
         db.ping(s.engine)
     with transport.translate_errors("readyz"):

@@ -3,8 +3,8 @@ subprocess, and how many runs one worker's sandboxes sustain at once; or, with `
 the kernel memory a run's empty files hold (not bounded by the tmpfs sizes). Not a test; run
 by hand (it prints numbers, it checks nothing):
 
-    python -m tests.sandbox_overhead [runs]
-    python -m tests.sandbox_overhead inodes
+    python -m callgate.ops.lab.bench.micro.sandbox_overhead [runs]
+    python -m callgate.ops.lab.bench.micro.sandbox_overhead inodes
 """
 
 from __future__ import annotations

@@ -3,8 +3,9 @@
 (first reservation to last completion). Not a test; run by hand, interleaving the sides
 you compare (it checks only that every call ended):
 
-    python -m tests.tracing_burst 1000 2                      # no provider
-    OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318 python -m tests.tracing_burst 1000 2
+    python -m callgate.ops.lab.bench.micro.tracing_burst 1000 2
+
+and again with ``OTEL_EXPORTER_OTLP_ENDPOINT=http://127.0.0.1:4318`` set (the SDK exporting).
 
 For an older commit, run the same file with ``PYTHONPATH`` at that commit's checkout and a
 database of its own (its migrations differ). Uses CALLGATE_DATABASE_URL and

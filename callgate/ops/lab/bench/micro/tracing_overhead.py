@@ -3,7 +3,7 @@ with no tracer provider (the default: every helper returns after one check) and 
 and a batch processor whose exporter drops everything. Not a test; run by hand (it prints
 numbers, it checks nothing):
 
-    python -m tests.tracing_overhead [noop|sdk]
+    python -m callgate.ops.lab.bench.micro.tracing_overhead [noop|sdk]
 """
 
 from __future__ import annotations
