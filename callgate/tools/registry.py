@@ -428,18 +428,29 @@ def _checked_allowlist(
 
 @dataclass(frozen=True)
 class Registry(Catalog):
-    """A catalog whose tools carry their handlers: what a worker runs."""
+    """A catalog whose tools carry their handlers: what a worker runs.
+
+    ``downstream_schema`` names the schema these tools' own downstream needs, an entry point
+    in the ``callgate.downstreams`` group: ``callgate up`` installs it beside callgate's
+    tables (the demo's tools declare ``"demo"``). None: the application manages its own."""
 
     tools: Mapping[str, Tool]
+    downstream_schema: str | None = None
 
     @classmethod
-    def of(cls, tools: Iterable[Tool], allowlist: Mapping[str, Iterable[str]]) -> Registry:
+    def of(
+        cls,
+        tools: Iterable[Tool],
+        allowlist: Mapping[str, Iterable[str]],
+        *,
+        downstream_schema: str | None = None,
+    ) -> Registry:
         by_name: dict[str, Tool] = {}
         for tool in tools:
             if tool.name in by_name:
                 raise ConfigurationError(f"two tools are named {tool.name!r}")
             by_name[tool.name] = tool
-        return cls(by_name, {}).with_allowlist(allowlist)
+        return cls(by_name, {}, downstream_schema).with_allowlist(allowlist)
 
     def with_allowlist(self, allowlist: Mapping[str, Iterable[str]]) -> Registry:
         """The same tools with another role → tools allowlist (configuration)."""

@@ -132,18 +132,22 @@ def setup_logging(level: str, fmt: logs.LogFormat = "auto") -> None:
     redaction.install_log_redaction()
 
 
-def apply_migrations(settings: Settings, *, demo_downstream: bool, reset_demo: bool) -> None:
+def apply_migrations(
+    settings: Settings, *, downstream: str | None, reset_downstream: bool = False
+) -> None:
+    """callgate's migrations, then the downstream schema named ``downstream`` (an entry point
+    in ``callgate.downstreams``), if any, reset to its seed with ``reset_downstream``."""
     engine = db.create(settings.require_database())
     try:
         with db.translate_errors("migrate"):
             migrations.upgrade(engine)
-            if demo_downstream:
-                install = downstream_installer(DEMO_DOWNSTREAM)
+            if downstream is not None:
+                install = downstream_installer(downstream)
                 install(
                     db.create(settings.downstream_url())
                     if settings.downstream_database_url
                     else engine,
-                    reset=reset_demo,
+                    reset=reset_downstream,
                 )
     finally:
         engine.dispose()
@@ -160,11 +164,6 @@ def downstream_installer(name: str) -> Callable[..., None]:
         )
     installer: Callable[..., None] = next(iter(found)).load()
     return installer
-
-
-def runs_demo_tools(settings: Settings) -> bool:
-    """The stack runs the demo tools, so it needs their downstream schema."""
-    return (settings.tools or "").startswith("callgate.ops.lab.demo.")
 
 
 @contextmanager

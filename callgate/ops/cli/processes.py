@@ -15,6 +15,7 @@ from callgate.core.settings import MAX_WORKER_CONCURRENCY, Settings
 from callgate.daemons import relayer, sweeper
 from callgate.observe import metrics
 from callgate.ops.cli.common import (
+    DEMO_DOWNSTREAM,
     METRICS_PORT,
     apply_migrations,
     checked_engine,
@@ -22,7 +23,6 @@ from callgate.ops.cli.common import (
     load_settings,
     port_option,
     quiet_interrupt,
-    runs_demo_tools,
     serve_metrics,
     service_env,
     state_metrics_option,
@@ -50,7 +50,7 @@ def migrate_cmd(demo_downstream: bool) -> None:
     --demo-downstream (the demo, and `up` with the demo tools, install it themselves).
     """
     settings = load_settings()
-    apply_migrations(settings, demo_downstream=demo_downstream, reset_demo=False)
+    apply_migrations(settings, downstream=DEMO_DOWNSTREAM if demo_downstream else None)
     click.echo("migrated")
 
 
@@ -200,12 +200,12 @@ def up_cmd(workers: int, data_dir: Path, metrics_port: int | None) -> None:
     is the stack an application uses, so it never picks tools on its own.
     """
     # Refuse before any service starts, rather than leave children failing one by one.
-    registry.from_settings(load_settings())
+    tools = registry.from_settings(load_settings())
     base = with_metrics(load_settings(), metrics_port, None).metrics_port
     stack = Stack(env={}, workers=workers, metrics_port=base)
     check_ports_free(stack.metrics_ports(), load_settings().metrics_host)
     with embedded_services(load_settings(), data_dir) as settings:
-        apply_migrations(settings, demo_downstream=runs_demo_tools(settings), reset_demo=False)
+        apply_migrations(settings, downstream=tools.downstream_schema)
         env = service_env(settings)
         click.echo("callgate is up. In another shell:")
         for key, value in env.items():

@@ -18,6 +18,7 @@ from callgate.ops.flags import setting_option
 from callgate.ops.lab.bench.config import FULL, QUICK, Config
 from callgate.ops.lab.bench.procs import BenchError
 from callgate.ops.lab.demo import run as demo
+from callgate.ops.lab.demo.tools import DEMO_SCHEMA
 from callgate.ops.lab.settings import BenchSettings  # noqa: F401  # declares the bench's variables
 
 
@@ -39,7 +40,7 @@ def demo_cmd(workers: int, data_dir: Path | None) -> None:
         tempfile.TemporaryDirectory(prefix="callgate-demo-") as tmp,
         embedded_services(load_settings(), data_dir or Path(tmp)) as settings,
     ):
-        apply_migrations(settings, demo_downstream=True, reset_demo=True)
+        apply_migrations(settings, downstream=DEMO_SCHEMA, reset_downstream=True)
         ok = demo.run(settings, workers=workers, out=sys.stdout)
     sys.exit(0 if ok else 1)
 

@@ -57,6 +57,9 @@ __all__ = [
 
 # What ``callgate demo`` sets CALLGATE_TOOLS to; anything else must name its registry.
 DEMO_TOOLS = "callgate.ops.lab.demo.tools:demo_registry"
+# The entry point (group callgate.downstreams, pyproject.toml) that installs these tools'
+# downstream schema: `callgate up` installs it for a registry that names it.
+DEMO_SCHEMA = "demo"
 
 READS = ("get_weather", "get_stock", "get_news", "read_email")
 WRITES = ("refund_payment", "send_email", "delete_emails")
@@ -166,7 +169,7 @@ def demo_registry(services: DemoServices | None = None) -> Registry:
         _send_email(svc),
         _delete_emails(svc),
     ]
-    return Registry.of(tools, ALLOWLIST)
+    return Registry.of(tools, ALLOWLIST, downstream_schema=DEMO_SCHEMA)
 
 
 def _reads(svc: DemoServices) -> list[Tool]:

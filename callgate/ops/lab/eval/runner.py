@@ -190,7 +190,7 @@ def _shown(url: str) -> str:
 
 
 def _migrated(settings: Settings) -> Settings:
-    apply_migrations(settings, demo_downstream=False, reset_demo=False)
+    apply_migrations(settings, downstream=None)
     return settings
 
 
