@@ -34,8 +34,8 @@ Faster than ``stale_seconds``, two kinds of loss are noticed from Redis (``recov
 - Redis that lost its data (FLUSHALL, a restart without persistence), noticed by its epoch
   key being gone or changed since this process last looked, and Redis that may have lost
   its latest writes (a replica promoted by Sentinel, which had not received them; a
-  restart), noticed by its replication id changing (``RedisEpoch``): every open call nobody
-  holds is dispatched again.
+  restart), noticed by its replication id changing (``deliveries.RedisEpoch``): every open
+  call nobody holds is dispatched again.
 
 Every worker process sweeps too (on a thread, ``CALLGATE_WORKER_SWEEP``), so recovery does
 not depend on the sweeper process; several sweepers at once are safe (``SKIP LOCKED``, and a
@@ -62,7 +62,7 @@ from rq import Queue
 from callgate.core import logs
 from callgate.core.errors import ErrorCode
 from callgate.observe import metrics
-from callgate.queue import transport
+from callgate.queue import deliveries, transport
 from callgate.store import db, reservations, sweeps
 from callgate.store.db import Connection, Engine
 
@@ -121,7 +121,9 @@ def sweep_once(
         ]
         # One round trip for the batch, inside the transaction: if Redis cannot answer,
         # nothing is marked and the next sweep asks again.
-        states = transport.job_states(queue, [d.ref for d in due if d.state != "awaiting_approval"])
+        states = deliveries.job_states(
+            queue, [d.ref for d in due if d.state != "awaiting_approval"]
+        )
         waiting = [d for d in due if _waiting(d, states.get(d.ref))]
         lost = [d for d in due if d not in waiting]
         spent = [
@@ -246,59 +248,13 @@ def _redispatch_lost(
             return done
 
 
-class RedisEpoch:
-    """What this process last saw of its queue's epoch key in Redis, and of the replication
-    id of the Redis it reached.
-
-    The key holds a random value set by the first sweeper that found it missing. Redis that
-    lost its data (FLUSHALL, a restart without persistence) loses the key: the next sweep
-    of a process that saw the old value finds it missing or changed. A process that never
-    saw a value (it just started) cannot tell a fresh Redis from a flushed one, so it only
-    sets the key: a fresh stack's first sweep re-dispatches nothing. A loss while every
-    process restarts is therefore noticed by the stale rule (``stale_seconds``) instead.
-
-    A replica promoted to primary (a Sentinel failover) holds the epoch key, replicated long
-    ago, but may lack the writes of the primary's last moments: jobs enqueued, or taken,
-    just before it died. Redis gives every history a replication id (INFO's
-    ``master_replid``); a promotion or a restart starts a new one. So the value compared is
-    the key's and the id's together: a new id counts as a loss too, even when nothing was
-    lost (the cost is duplicate jobs, which the reservation CAS makes harmless). A Redis that
-    refuses INFO (an ACL without it) is judged by the key alone.
-    """
-
-    def __init__(self) -> None:
-        self.seen: bytes | None = None
-
-    def look(self, conn: redis.Redis, queue: str) -> tuple[bool, bytes]:
-        """(lost since this process last looked, the value now). One round trip (GET and
-        INFO replication) while nothing changed; a SET NX and a second GET when the key is
-        missing."""
-        key = transport.epoch_key(queue)
-        with conn.pipeline(transaction=False) as pipe:
-            pipe.get(key)
-            pipe.info("replication")
-            current, info = pipe.execute(raise_on_error=False)
-        if isinstance(current, Exception):
-            raise current
-        if current is None:
-            conn.set(key, uuid.uuid4().hex, nx=True)
-            current = conn.get(key)
-        history = info.get("master_replid", "") if isinstance(info, dict) else ""
-        now = (current or b"") + b"@" + str(history).encode()
-        return self.seen is not None and now != self.seen, now
-
-
-# How long one sweeper's claim on recovering a dead worker's calls lasts.
-RECOVERY_CLAIM_SECONDS = 30
-
-
 def recover_lost(
     engine: Engine,
     queue: Queue,
     *,
     job_timeout: float,
     max_dispatches: int,
-    epoch: RedisEpoch | None = None,
+    epoch: deliveries.RedisEpoch | None = None,
 ) -> list[uuid.UUID]:
     """Dispatch again, without waiting for ``stale_seconds``, the calls Redis lost (seen
     through ``epoch``, this process's memory of the epoch key) and the calls taken by
@@ -306,7 +262,7 @@ def recover_lost(
     conn: redis.Redis = queue.connection
     name = queue.name
     dispatched: list[uuid.UUID] = []
-    epoch = epoch or RedisEpoch()
+    epoch = epoch or deliveries.RedisEpoch()
     lost_data, now = epoch.look(conn, name)
     if lost_data:
         # Every job enqueued before now may be lost; Postgres' clock read after the loss
@@ -332,19 +288,14 @@ def recover_lost(
             )
         dispatched.extend(lost)
     epoch.seen = now
-    members: set[bytes] = conn.smembers(transport.workers_key(name))  # type: ignore[assignment]
-    for raw in members:
-        worker = raw.decode()
-        if conn.exists(transport.liveness_key(name, worker)):
-            continue
+    for worker in deliveries.dead_workers(conn, name):
         # One sweeper recovers a worker at a time. The worker leaves the list only once its
         # calls are dispatched again: a sweeper that dies (or fails) midway leaves it listed,
         # and another one recovers it once the claim expires.
-        claim = transport.recovering_key(name, worker)
-        if not conn.set(claim, "1", nx=True, ex=RECOVERY_CLAIM_SECONDS):
+        if not deliveries.claim_recovery(conn, name, worker):
             continue
         dispatched.extend(_recover_worker(engine, queue, worker, job_timeout, max_dispatches))
-        conn.srem(transport.workers_key(name), worker)
+        deliveries.forget_worker(conn, name, worker)
     return dispatched
 
 
@@ -352,16 +303,9 @@ def _recover_worker(
     engine: Engine, queue: Queue, worker: str, job_timeout: float, max_dispatches: int
 ) -> list[uuid.UUID]:
     conn: redis.Redis = queue.connection
-    name = queue.name
     # Jobs it had moved to wait on but not yet taken go back to the queue as they are.
-    conn.register_script(transport.RETURN_TAKING_LUA)(
-        keys=[queue.key, transport.taking_key(name, worker)]
-    )
-    taken_key = transport.taken_key(name, worker)
-    # Only what was read here is removed below (HDEL, not DEL): a worker that was only
-    # slow (stopped, paused) may wake up meanwhile and take more, and those stay listed.
-    taken: dict[bytes, bytes] = conn.hgetall(taken_key)  # type: ignore[assignment]
-    refs = [r for r in (transport.call_ref(data) for data in taken.values()) if r is not None]
+    deliveries.return_taking(queue, worker)
+    taken, refs = deliveries.taken_calls(conn, queue.name, worker)
     again: list[uuid.UUID] = []
     if refs:
         again = _redispatch_lost(
@@ -373,8 +317,9 @@ def _recover_worker(
             max_dispatches=max_dispatches,
             reason="worker_lost",
         )
-    if taken:
-        conn.hdel(taken_key, *taken)
+    # Only what was read above is removed (not the whole hash): a worker that was only slow
+    # (stopped, paused) may wake up meanwhile and take more, and those stay listed.
+    deliveries.forget_taken(conn, queue.name, worker, taken)
     log.warning(
         "worker %s stopped beating: re-dispatched %d of the %d call(s) it had taken",
         worker,
@@ -402,7 +347,7 @@ def run(
     stop = stop or threading.Event()
     if jitter:
         stop.wait(random.uniform(0, interval))
-    epoch = RedisEpoch()
+    epoch = deliveries.RedisEpoch()
     while not stop.is_set():
         try:
             recover_lost(

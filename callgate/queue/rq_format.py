@@ -1,7 +1,7 @@
 """What callgate reads of RQ's own storage, which RQ does not promise: all of it, here.
 
 Producers enqueue through RQ's public API (``Queue.enqueue_many``), but the worker's consumer
-takes jobs with its own Lua script (``transport.TAKE_LUA``) and decodes them itself, and the
+takes jobs with its own Lua script (``deliveries.TAKE_LUA``) and decodes them itself, and the
 sweeper asks Redis directly whether a job still waits. So callgate depends on:
 
 - the job hash ``rq:job:<id>`` (``JOB_KEY_PREFIX`` + id), whose ``data`` field

@@ -28,7 +28,7 @@ from rq import SimpleWorker
 
 from callgate.core.errors import ServiceUnavailable
 from callgate.observe import metrics
-from callgate.queue import rq_format, transport
+from callgate.queue import deliveries, rq_format
 from callgate.store import calls, db
 from callgate.worker import executor, group_commit, heartbeat
 from callgate.worker.runtime import Runtime
@@ -77,11 +77,11 @@ class Consumer:
         queue = rt.settings.queue
         self._keys = [
             self.queue_key,
-            transport.taking_key(queue, self.name),
-            transport.taken_key(queue, self.name),
+            deliveries.taking_key(queue, self.name),
+            deliveries.taken_key(queue, self.name),
         ]
         self._job_prefix = rq_format.JOB_KEY_PREFIX
-        self._take_script = rt.redis.register_script(transport.TAKE_LUA)
+        self._take_script = rt.redis.register_script(deliveries.TAKE_LUA)
         # Job ids whose deliveries returned: dropped from the taken hash on the next take.
         self._returned: list[str] = []
         # Job ids whose deliveries run now (submitted, not yet returned).
@@ -89,7 +89,7 @@ class Consumer:
         # A take script call failed: its reply may have been lost after the script took jobs
         # into the taken hash, so the next take first looks there for jobs it never got.
         self._reconcile = False
-        self._liveness = Liveness(rt, self.name)
+        self._liveness = deliveries.Liveness(rt.redis, rt.settings.queue, self.name)
         self._endings = group_commit.for_engine(rt.engine)
 
     def stop(self) -> None:
@@ -223,7 +223,7 @@ class Consumer:
     def _refs(self, jobs: list[tuple[bytes, bytes]]) -> list[tuple[str, uuid.UUID]]:
         refs = []
         for job_id, data in jobs:
-            ref = transport.call_ref(data)
+            ref = deliveries.call_ref(data)
             if ref is not None:
                 refs.append((job_id.decode(), ref))
             else:
@@ -314,77 +314,6 @@ class Consumer:
 
 def _outage(exc: BaseException) -> bool:
     return isinstance(exc, ServiceUnavailable) or db.is_transient(exc)
-
-
-class Liveness:
-    """Keeps this worker's liveness key alive on a thread of its own, so sweepers can tell
-    a dead worker from a busy one within ``LIVENESS_TTL_SECONDS`` (a job heartbeat on the
-    consumer's loop would stall whenever every slot is busy)."""
-
-    def __init__(self, rt: Runtime, name: str) -> None:
-        self.redis = transport.own_client(rt.redis, socket_timeout=LIVENESS_SOCKET_TIMEOUT_SECONDS)
-        self.name = name
-        self.queue = rt.settings.queue
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self._failing = False
-
-    def start(self) -> None:
-        self._beat()
-        self._thread = threading.Thread(target=self._run, name="liveness", daemon=True)
-        self._thread.start()
-
-    def _beat(self) -> None:
-        try:
-            with self.redis.pipeline(transaction=False) as pipe:
-                pipe.sadd(transport.workers_key(self.queue), self.name)
-                pipe.set(
-                    transport.liveness_key(self.queue, self.name),
-                    "1",
-                    px=int(transport.LIVENESS_TTL_SECONDS * 1000),
-                )
-                pipe.execute()
-        except Exception as exc:
-            # Whatever Redis answers (unreachable, READONLY after a failover, OOM), this thread
-            # beats again a second later: if it died, the worker would run on unlisted, its
-            # calls dispatched again by every sweeper, until it was restarted.
-            if not self._failing:
-                log.warning("liveness beat refused (%s: %s); beating on", _name(exc), exc)
-            self._failing = True
-            return
-        if self._failing:
-            log.info("liveness beat accepted again")
-        self._failing = False
-
-    def _run(self) -> None:
-        while not self._stop.wait(transport.LIVENESS_BEAT_SECONDS):
-            self._beat()
-
-    def stop(self, returned: list[str]) -> None:
-        """Stop beating. A worker whose taken hash is empty once ``returned`` is dropped
-        leaves the list; one with calls still in it (running past the grace period, or taken
-        by a script whose reply was lost) stays listed, and a sweeper dispatches them again
-        now that its liveness key is gone."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-        taken = transport.taken_key(self.queue, self.name)
-        with self.redis.pipeline(transaction=False) as pipe:
-            if returned:
-                pipe.hdel(taken, *returned)
-            pipe.delete(transport.liveness_key(self.queue, self.name))
-            pipe.hlen(taken)
-            left = pipe.execute()[-1]
-        if left == 0:
-            self.redis.srem(transport.workers_key(self.queue), self.name)
-        self.redis.connection_pool.disconnect()
-
-
-# A beat that waits on Redis longer than this gives up and beats again: the shared pool's
-# reads may wait minutes (RQ's worker raises its socket timeout to the job timeout), and a
-# liveness thread blocked on a stalled Redis would let its key expire long after Redis came
-# back, so sweepers would take a live worker for a dead one.
-LIVENESS_SOCKET_TIMEOUT_SECONDS = 2.0
 
 
 def _name(exc: BaseException) -> str:

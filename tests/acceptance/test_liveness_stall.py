@@ -11,7 +11,7 @@ import time
 import redis as redis_lib
 
 from callgate.ops.stack import Stack, wait_for_workers
-from callgate.queue import transport
+from callgate.queue import deliveries
 from tests.faults.core import STALL
 from tests.faults.redisproxy import RedisProxy, command_fault
 
@@ -31,8 +31,8 @@ def test_a_beat_caught_by_a_silent_connection_does_not_let_the_key_expire(
     stack.__enter__()
     try:
         wait_for_workers(redis_url, queue_name, 1)
-        (name,) = (n.decode() for n in direct.smembers(transport.workers_key(queue_name)))
-        alive = transport.liveness_key(queue_name, name)
+        (name,) = (n.decode() for n in direct.smembers(deliveries.workers_key(queue_name)))
+        alive = deliveries.liveness_key(queue_name, name)
         fault = redis_proxy.arm(
             command_fault(STALL, "SET", args=r":alive\b", seconds=HELD_SECONDS, label="a beat")
         )
@@ -41,7 +41,7 @@ def test_a_beat_caught_by_a_silent_connection_does_not_let_the_key_expire(
         # Past the key's TTL (5 s) and well inside the held beat's 30 s: the key must be
         # there all along, renewed by beats on another connection.
         missing = []
-        deadline = fault.hit_at + 3 * transport.LIVENESS_TTL_SECONDS
+        deadline = fault.hit_at + 3 * deliveries.LIVENESS_TTL_SECONDS
         while time.monotonic() < deadline:
             if not direct.exists(alive):
                 missing.append(round(time.monotonic() - fault.hit_at, 1))

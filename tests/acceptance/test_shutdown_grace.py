@@ -9,7 +9,7 @@ import time
 
 from sqlalchemy import Engine
 
-from callgate.queue import transport
+from callgate.queue import deliveries, transport
 from tests.acceptance.conftest import effects_for, requests_for, scalar, wait_until
 from tests.acceptance.private_stack import (
     database_url,
@@ -52,8 +52,8 @@ def test_a_handler_past_the_grace_loses_its_lease_and_the_worker_exits(
     key = key_of(engine, op)
     wait_until(lambda: effects_for(engine, key) == 1, what="the write applied")
     redis = transport.connect(env["CALLGATE_REDIS_URL"])
-    (name,) = redis.smembers(transport.workers_key(env["CALLGATE_QUEUE"]))
-    alive = transport.liveness_key(env["CALLGATE_QUEUE"], name.decode())
+    (name,) = redis.smembers(deliveries.workers_key(env["CALLGATE_QUEUE"]))
+    alive = deliveries.liveness_key(env["CALLGATE_QUEUE"], name.decode())
     assert redis.exists(alive)
 
     s.signal("worker-1", signal.SIGTERM)

@@ -16,7 +16,7 @@ from sqlalchemy import Engine, text
 
 from callgate.daemons import sweeper
 from callgate.ops.stack import wait_for_workers
-from callgate.queue import transport
+from callgate.queue import deliveries, transport
 from callgate.store import db
 from tests.acceptance.conftest import (
     REFUND_O17,
@@ -168,8 +168,8 @@ def test_the_next_write_is_dispatched_within_seconds_when_the_completing_worker_
 
 
 def _taken_refs(conn: redis.Redis, queue: str, worker: str) -> set[str]:
-    taken: dict[bytes, bytes] = conn.hgetall(transport.taken_key(queue, worker))  # type: ignore[assignment]
-    return {str(transport.call_ref(v)) for v in taken.values()}
+    taken: dict[bytes, bytes] = conn.hgetall(deliveries.taken_key(queue, worker))  # type: ignore[assignment]
+    return {str(deliveries.call_ref(v)) for v in taken.values()}
 
 
 def test_a_recovery_does_not_wipe_calls_a_slow_worker_took_after_it_read_them(
@@ -185,7 +185,7 @@ def test_a_recovery_does_not_wipe_calls_a_slow_worker_took_after_it_read_them(
         CALLGATE_DEMO_DELAY_MS="get_stock=6000",
     )
     conn = redis.Redis.from_url(env["CALLGATE_REDIS_URL"])
-    (raw,) = conn.smembers(transport.workers_key(queue_name))  # type: ignore[misc]
+    (raw,) = conn.smembers(deliveries.workers_key(queue_name))  # type: ignore[misc]
     worker = raw.decode()
     producer = make_producer()
     first = producer.submit(
@@ -199,7 +199,7 @@ def test_a_recovery_does_not_wipe_calls_a_slow_worker_took_after_it_read_them(
     )
     (b,) = second.calls
     wait_until(
-        lambda: not conn.exists(transport.liveness_key(queue_name, worker)),
+        lambda: not conn.exists(deliveries.liveness_key(queue_name, worker)),
         timeout=15,
         what="the worker's liveness key to expire",
     )

@@ -11,7 +11,7 @@ import redis
 from sqlalchemy import Engine, text
 
 from callgate.producer import Producer
-from callgate.queue import transport
+from callgate.queue import deliveries
 from tests.acceptance.conftest import (
     SUPPORT_A,
     effects_for,
@@ -131,10 +131,10 @@ def _started(engine: Engine, env: dict[str, str], refs: list[str]) -> list[str]:
     conn = redis.Redis.from_url(env["CALLGATE_REDIS_URL"])
     queue = env["CALLGATE_QUEUE"]
     taken: set[str] = set()
-    for raw in conn.smembers(transport.workers_key(queue)):  # type: ignore[union-attr]
-        key = transport.taken_key(queue, raw.decode())
+    for raw in conn.smembers(deliveries.workers_key(queue)):  # type: ignore[union-attr]
+        key = deliveries.taken_key(queue, raw.decode())
         held: dict[bytes, bytes] = conn.hgetall(key)  # type: ignore[assignment]
-        taken |= {str(transport.call_ref(v)) for v in held.values()}
+        taken |= {str(deliveries.call_ref(v)) for v in held.values()}
     return sorted((taken & set(refs)) | set(_ended(engine, refs)))
 
 

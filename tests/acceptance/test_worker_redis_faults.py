@@ -17,7 +17,7 @@ import redis as redis_lib
 from sqlalchemy import Engine
 
 from callgate.ops.stack import wait_for_workers
-from callgate.queue import transport
+from callgate.queue import deliveries
 from tests.acceptance.conftest import (
     handler_runs,
     wait_until,
@@ -36,7 +36,7 @@ from tests.faults.redisproxy import RedisProxy, command_fault, script_fault
 
 __all__ = ["database_url", "env", "make_producer", "private_redis", "start"]  # fixtures
 
-TAKE_SHA = hashlib.sha1(transport.TAKE_LUA.encode()).hexdigest()
+TAKE_SHA = hashlib.sha1(deliveries.TAKE_LUA.encode()).hexdigest()
 # EVALSHA sha 3 queue taking taken count prefix: more arguments are returned job ids.
 TAKE_ARGS_WITHOUT_RETURNS = 8
 # EVALSHA's arguments, joined by spaces, of a take that also returns job ids.
@@ -44,7 +44,7 @@ TAKE_WITH_RETURNS = rf"^{TAKE_SHA}( \S+){{{TAKE_ARGS_WITHOUT_RETURNS - 1}}}"
 
 
 def _worker_name(r: redis_lib.Redis, queue: str) -> str:
-    (name,) = wait_until(lambda: r.smembers(transport.workers_key(queue)), what="a worker")
+    (name,) = wait_until(lambda: r.smembers(deliveries.workers_key(queue)), what="a worker")
     return str(name.decode())
 
 
@@ -73,7 +73,7 @@ def test_the_worker_keeps_beating_through_redis_error_replies(
     queue = env["CALLGATE_QUEUE"]
     admin = redis_lib.Redis.from_url(private_redis.url)
     name = _worker_name(admin, queue)
-    alive = transport.liveness_key(queue, name)
+    alive = deliveries.liveness_key(queue, name)
     assert admin.exists(alive)
 
     if fault == "oom":  # every write that needs memory is refused with OOM
@@ -124,10 +124,10 @@ def test_a_lost_take_reply_strands_no_job(
     s = start(workers=0, sweeper=False, CALLGATE_STALE_SECONDS="600")
     _worker_behind(s, proxy, env)
     admin = redis_lib.Redis.from_url(private_redis.url)
-    taken = transport.taken_key(env["CALLGATE_QUEUE"], _worker_name(admin, env["CALLGATE_QUEUE"]))
+    taken = deliveries.taken_key(env["CALLGATE_QUEUE"], _worker_name(admin, env["CALLGATE_QUEUE"]))
     # The first take that took a job runs on Redis; its reply never reaches the worker.
     lost = proxy.arm(
-        script_fault(LOSE_REPLY, transport.TAKE_LUA, reply_matches=_took, label="take")
+        script_fault(LOSE_REPLY, deliveries.TAKE_LUA, reply_matches=_took, label="take")
     )
 
     producer = make_producer()
@@ -146,7 +146,7 @@ def test_a_failed_take_forgets_no_returned_job(
     s = start(workers=0, sweeper=False, CALLGATE_STALE_SECONDS="600")
     _worker_behind(s, proxy, env)
     admin = redis_lib.Redis.from_url(private_redis.url)
-    taken = transport.taken_key(env["CALLGATE_QUEUE"], _worker_name(admin, env["CALLGATE_QUEUE"]))
+    taken = deliveries.taken_key(env["CALLGATE_QUEUE"], _worker_name(admin, env["CALLGATE_QUEUE"]))
     # The first take that carries a finished job's id never reaches Redis.
     refused = proxy.arm(
         command_fault(CUT, "EVALSHA", args=TAKE_WITH_RETURNS, label="take with returns")

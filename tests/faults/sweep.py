@@ -35,7 +35,7 @@ from callgate.core.errors import CallgateError
 from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
-from callgate.queue import transport
+from callgate.queue import deliveries, transport
 from callgate.store.db import libpq_url
 from tests.faults import tools
 from tests.faults.core import CUT, LOSE_REPLY, REFUSE, STALL, Fault, FaultKind
@@ -148,7 +148,7 @@ def _redis(command: str, args: Callable[[Ids], str] | None = None, nth: int = 1)
 
 
 def _take(kind: FaultKind, seconds: float, ids: Ids) -> Fault:
-    return script_fault(kind, transport.TAKE_LUA, seconds=seconds, label="take script")
+    return script_fault(kind, deliveries.TAKE_LUA, seconds=seconds, label="take script")
 
 
 # The operator commands' connections (ops/cli/common.py OPS_APPLICATION).
@@ -156,7 +156,7 @@ OPS = "callgate-ops"
 APPROVER = "approver-f"
 RECONCILER = "reconciler-f"
 # A whole Redis that answers nothing for longer than the lease and the liveness TTL.
-REDIS_STALL_SECONDS = max(LEASE_SECONDS, transport.LIVENESS_TTL_SECONDS) + 3.0
+REDIS_STALL_SECONDS = max(LEASE_SECONDS, deliveries.LIVENESS_TTL_SECONDS) + 3.0
 
 
 def _whole_redis_stall(kind: FaultKind, seconds: float, ids: Ids) -> Fault:

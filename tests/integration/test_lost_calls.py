@@ -19,7 +19,7 @@ from callgate.core.types import Turn
 from callgate.daemons import sweeper
 from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer import Producer
-from callgate.queue import transport
+from callgate.queue import deliveries, transport
 from callgate.store import db, reservations
 
 CONTEXT = {
@@ -69,13 +69,13 @@ def _take(conn: redis.Redis, queue: str, worker: str, count: int) -> list[bytes]
     """What a worker's consumer does to take jobs (``TAKE_LUA``), as worker ``worker``."""
     keys = [
         f"rq:queue:{queue}",
-        transport.taking_key(queue, worker),
-        transport.taken_key(queue, worker),
+        deliveries.taking_key(queue, worker),
+        deliveries.taken_key(queue, worker),
     ]
-    replies = conn.register_script(transport.TAKE_LUA)(
+    replies = conn.register_script(deliveries.TAKE_LUA)(
         keys=keys, args=[count, Job.redis_job_namespace_prefix]
     )
-    conn.sadd(transport.workers_key(queue), worker)
+    conn.sadd(deliveries.workers_key(queue), worker)
     return list(replies[::2])
 
 
@@ -90,7 +90,7 @@ def _dispatches(engine: Engine, refs: list[uuid.UUID]) -> list[int]:
 
 
 def _recover(
-    engine: Engine, producer: Producer, epoch: sweeper.RedisEpoch | None = None
+    engine: Engine, producer: Producer, epoch: deliveries.RedisEpoch | None = None
 ) -> list[uuid.UUID]:
     return sweeper.recover_lost(
         engine, producer.queue, job_timeout=60, max_dispatches=MAX, epoch=epoch
@@ -101,12 +101,12 @@ def test_a_dead_workers_taken_calls_come_back_and_a_live_ones_do_not(
     engine: Engine, producer: Producer, queue_name: str
 ) -> None:
     conn = producer.redis
-    conn.set(transport.epoch_key(queue_name), "e")  # Redis has not lost anything
+    conn.set(deliveries.epoch_key(queue_name), "e")  # Redis has not lost anything
     turn = _reads(producer, 3)
     refs = [uuid.UUID(str(c.ref)) for c in turn.calls]
     assert len(_take(conn, queue_name, "alive", 1)) == 1
     assert len(_take(conn, queue_name, "dead", 2)) == 2
-    conn.set(transport.liveness_key(queue_name, "alive"), "1", ex=30)
+    conn.set(deliveries.liveness_key(queue_name, "alive"), "1", ex=30)
     assert producer.queue.count == 0
     # The stale rule would wait 60 s: nothing is due by it.
     assert (
@@ -121,8 +121,8 @@ def test_a_dead_workers_taken_calls_come_back_and_a_live_ones_do_not(
     assert len(back) == 2 and set(back) <= set(refs)
     assert producer.queue.count == 2
     assert sorted(_dispatches(engine, refs)) == [1, 2, 2]
-    assert conn.smembers(transport.workers_key(queue_name)) == {b"alive"}
-    assert not conn.exists(transport.taken_key(queue_name, "dead"))
+    assert conn.smembers(deliveries.workers_key(queue_name)) == {b"alive"}
+    assert not conn.exists(deliveries.taken_key(queue_name, "dead"))
     assert _recover(engine, producer) == []  # once
 
 
@@ -133,22 +133,22 @@ def test_a_recovery_left_midway_is_made_by_another_sweep_once_its_claim_expires(
     refs = {uuid.UUID(str(c.ref)) for c in _reads(producer, 2).calls}
     assert len(_take(conn, queue_name, "dead", 2)) == 2
     # A sweeper claimed this worker's recovery and died before dispatching anything.
-    conn.set(transport.recovering_key(queue_name, "dead"), "1", px=800)
+    conn.set(deliveries.recovering_key(queue_name, "dead"), "1", px=800)
 
     assert _recover(engine, producer) == []  # claimed by someone else
-    assert conn.sismember(transport.workers_key(queue_name), "dead")
+    assert conn.sismember(deliveries.workers_key(queue_name), "dead")
     time.sleep(1.0)
 
     assert set(_recover(engine, producer)) == refs
     assert producer.queue.count == 2
-    assert not conn.sismember(transport.workers_key(queue_name), "dead")
+    assert not conn.sismember(deliveries.workers_key(queue_name), "dead")
 
 
 def test_a_reserved_call_of_a_dead_worker_is_left_to_its_lease(
     engine: Engine, producer: Producer, queue_name: str
 ) -> None:
     conn = producer.redis
-    conn.set(transport.epoch_key(queue_name), "e")
+    conn.set(deliveries.epoch_key(queue_name), "e")
     (call,) = _reads(producer, 1).calls
     _take(conn, queue_name, "dead", 1)
     reserved = reservations.reserve(
@@ -170,7 +170,7 @@ def test_jobs_redis_lost_come_back_on_the_next_sweep(
     engine: Engine, producer: Producer, queue_name: str
 ) -> None:
     conn = producer.redis
-    epoch = sweeper.RedisEpoch()
+    epoch = deliveries.RedisEpoch()
     refs = [uuid.UUID(str(c.ref)) for c in _reads(producer, 4).calls]
     assert producer.queue.count == 4
     # A sweeper that saw Redis' epoch before the loss.
@@ -178,14 +178,14 @@ def test_jobs_redis_lost_come_back_on_the_next_sweep(
     assert producer.queue.count == 4
     # Redis loses this queue's data (its keys, as FLUSHALL would; the shared test Redis
     # serves other queues too).
-    conn.delete(f"rq:queue:{queue_name}", transport.epoch_key(queue_name))
+    conn.delete(f"rq:queue:{queue_name}", deliveries.epoch_key(queue_name))
     assert producer.queue.count == 0
 
     back = _recover(engine, producer, epoch)
 
     assert sorted(back) == sorted(refs)
     assert producer.queue.count == 4
-    assert conn.exists(transport.epoch_key(queue_name))
+    assert conn.exists(deliveries.epoch_key(queue_name))
     assert _recover(engine, producer, epoch) == []
 
 
@@ -193,13 +193,13 @@ def test_a_loss_seen_first_by_another_process_is_still_noticed(
     engine: Engine, producer: Producer, queue_name: str
 ) -> None:
     conn = producer.redis
-    epoch = sweeper.RedisEpoch()
+    epoch = deliveries.RedisEpoch()
     refs = [uuid.UUID(str(c.ref)) for c in _reads(producer, 2).calls]
     assert _recover(engine, producer, epoch) == []
-    conn.delete(f"rq:queue:{queue_name}", transport.epoch_key(queue_name))
+    conn.delete(f"rq:queue:{queue_name}", deliveries.epoch_key(queue_name))
     # A process that just started sweeps first: it cannot tell a loss from a fresh Redis,
     # and only sets a new epoch.
-    assert _recover(engine, producer, sweeper.RedisEpoch()) == []
+    assert _recover(engine, producer, deliveries.RedisEpoch()) == []
     assert producer.queue.count == 0
     # The process that saw the old epoch finds it changed.
     assert sorted(_recover(engine, producer, epoch)) == sorted(refs)
@@ -210,14 +210,14 @@ def test_a_fresh_stacks_first_sweep_dispatches_nothing_again(
     engine: Engine, producer: Producer, queue_name: str
 ) -> None:
     conn = producer.redis
-    conn.delete(transport.epoch_key(queue_name))  # a Redis no sweeper has seen yet
+    conn.delete(deliveries.epoch_key(queue_name))  # a Redis no sweeper has seen yet
     refs = [uuid.UUID(str(c.ref)) for c in _reads(producer, 3).calls]
 
     assert _recover(engine, producer) == []
 
     assert producer.queue.count == 3
     assert _dispatches(engine, refs) == [1, 1, 1]
-    assert conn.exists(transport.epoch_key(queue_name))
+    assert conn.exists(deliveries.epoch_key(queue_name))
 
 
 def _turn_of(engine: Engine, ref: uuid.UUID) -> str:

@@ -24,7 +24,7 @@ from callgate.core.errors import UnstorableValue
 from callgate.core.settings import Settings
 from callgate.daemons import sweeper
 from callgate.producer import Producer
-from callgate.queue import transport
+from callgate.queue import deliveries, transport
 from callgate.store import db, endings, trace
 from callgate.tools.registry import READ_ONLY, ExecutionContext, Registry, Tool
 from callgate.worker import executor
@@ -269,9 +269,9 @@ def test_a_read_hung_on_a_live_worker_is_dispatched_again_after_the_job_timeout(
     # A live worker took both (as the take script does: the job leaves the queue and its
     # hash, and is listed in the worker's taken hash) and runs them still.
     r.delete(world.rt.queue.key, *(f"rq:job:{ref}" for ref in (hung, slow)))
-    r.sadd(transport.workers_key(queue), "w1")
-    r.set(transport.liveness_key(queue, "w1"), 1, ex=60)
-    r.hset(transport.taken_key(queue, "w1"), mapping={str(hung): "x", str(slow): "x"})
+    r.sadd(deliveries.workers_key(queue), "w1")
+    r.set(deliveries.liveness_key(queue, "w1"), 1, ex=60)
+    r.hset(deliveries.taken_key(queue, "w1"), mapping={str(hung): "x", str(slow): "x"})
     with world.engine.begin() as conn:
         for ref, ago in ((hung, 400), (slow, 100)):  # both past the stale period
             conn.execute(

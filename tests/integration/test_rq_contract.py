@@ -16,7 +16,7 @@ from collections.abc import Iterator
 import pytest
 import redis
 
-from callgate.queue import rq_format, transport
+from callgate.queue import deliveries, rq_format, transport
 
 WORKER = "contract-worker"
 
@@ -73,40 +73,40 @@ def test_jobs_callgate_enqueues_are_stored_where_and_as_callgate_reads_them(
             f"{key} field {rq_format.JOB_DATA_FIELD!r} no longer holds the call as"
             " [function, instance, args, kwargs]"
         )
-        assert transport.call_ref(data) == ref
+        assert deliveries.call_ref(data) == ref
 
     # Where the sweeper looks: every job waits, by its hash and its list entry.
-    states = transport.job_states(queue, refs)
+    states = deliveries.job_states(queue, refs)
     assert list(states.values()) == ["queued"] * 3, states
 
     # The consumer's take, as callgate/worker/consumer.py calls it: each job's data reaches
     # the worker and its taken hash, and RQ's hash is gone.
-    take = conn.register_script(transport.TAKE_LUA)
+    take = conn.register_script(deliveries.TAKE_LUA)
     replies = take(
         keys=[
             queue.key,
-            transport.taking_key(queue_name, WORKER),
-            transport.taken_key(queue_name, WORKER),
+            deliveries.taking_key(queue_name, WORKER),
+            deliveries.taken_key(queue_name, WORKER),
         ],
         args=[len(refs), rq_format.JOB_KEY_PREFIX],
     )
     job_ids = [i.decode() for i in replies[::2]]
     assert job_ids == [str(r) for r in refs]
-    assert [transport.call_ref(d) for d in replies[1::2]] == refs
-    taken = conn.hgetall(transport.taken_key(queue_name, WORKER))
-    assert sorted(transport.call_ref(d) for d in taken.values()) == sorted(refs)
+    assert [deliveries.call_ref(d) for d in replies[1::2]] == refs
+    taken = conn.hgetall(deliveries.taken_key(queue_name, WORKER))
+    assert sorted(deliveries.call_ref(d) for d in taken.values()) == sorted(refs)
     assert conn.exists(*(rq_format.job_key(i) for i in job_ids)) == 0
     assert conn.llen(queue.key) == 0
 
 
 def test_a_job_whose_data_is_not_a_callgate_call_yields_no_ref() -> None:
     """What the consumer drops (with a warning) instead of crashing its loop."""
-    assert transport.call_ref(None) is None
-    assert transport.call_ref(b"not zlib") is None
-    assert transport.call_ref(zlib.compress(b"[1, 2]")) is None  # not a 4-tuple
-    assert transport.call_ref(zlib.compress(b'["f", null, [], {}]')) is None  # no argument
-    assert transport.call_ref(zlib.compress(b'["f", null, "x", {}]')) is None  # args not a list
+    assert deliveries.call_ref(None) is None
+    assert deliveries.call_ref(b"not zlib") is None
+    assert deliveries.call_ref(zlib.compress(b"[1, 2]")) is None  # not a 4-tuple
+    assert deliveries.call_ref(zlib.compress(b'["f", null, [], {}]')) is None  # no argument
+    assert deliveries.call_ref(zlib.compress(b'["f", null, "x", {}]')) is None  # args not a list
     ref = uuid.uuid4()
     assert (
-        transport.call_ref(zlib.compress(json.dumps(["f", None, [str(ref)], {}]).encode())) == ref
+        deliveries.call_ref(zlib.compress(json.dumps(["f", None, [str(ref)], {}]).encode())) == ref
     )

@@ -19,7 +19,7 @@ from callgate.core.types import Turn
 from callgate.daemons import sweeper
 from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer import Producer
-from callgate.queue import transport
+from callgate.queue import deliveries, transport
 from callgate.store import db
 
 CONTEXT = {"request_id": "r", "tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
@@ -120,15 +120,15 @@ def test_a_job_a_live_worker_holds_is_waiting_and_a_dead_ones_is_lost(
     keys = [producer.queue.key, "", ""]
     for worker in ("live", "dead"):
         keys[1:] = [
-            transport.taking_key(queue_name, worker),
-            transport.taken_key(queue_name, worker),
+            deliveries.taking_key(queue_name, worker),
+            deliveries.taken_key(queue_name, worker),
         ]
-        conn.register_script(transport.TAKE_LUA)(
+        conn.register_script(deliveries.TAKE_LUA)(
             keys=keys, args=[1, Job.redis_job_namespace_prefix]
         )
-        conn.sadd(transport.workers_key(queue_name), worker)
-    conn.set(transport.liveness_key(queue_name, "live"), "1", ex=60)
-    assert transport.job_states(producer.queue, [live, dead]) == {live: "taken", dead: "absent"}
+        conn.sadd(deliveries.workers_key(queue_name), worker)
+    conn.set(deliveries.liveness_key(queue_name, "live"), "1", ex=60)
+    assert deliveries.job_states(producer.queue, [live, dead]) == {live: "taken", dead: "absent"}
     assert _sweep(engine, producer).dispatched == [dead]
     assert [r[1] for r in _rows(engine, [live, dead])] == [1, 2]
 
@@ -143,7 +143,7 @@ def test_a_job_whose_queue_entry_redis_lost_is_dispatched_again(
     conn: redis.Redis = producer.queue.connection
     assert conn.lrem(producer.queue.key, 0, transport.job_id(lost)) == 1
     assert conn.exists(Job.redis_job_namespace_prefix + transport.job_id(lost)) == 1
-    assert transport.job_states(producer.queue, [lost, *waiting]) == {
+    assert deliveries.job_states(producer.queue, [lost, *waiting]) == {
         lost: "absent",
         **{w: "queued" for w in waiting},
     }

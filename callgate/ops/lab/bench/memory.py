@@ -17,7 +17,7 @@ from callgate.ops.lab.bench.procs import BenchError
 from callgate.ops.lab.bench.services import Services
 from callgate.ops.lab.bench.stack import running
 from callgate.ops.lab.bench.workload import CONTEXT
-from callgate.queue import transport
+from callgate.queue import deliveries
 
 HOLD_MS = 1500
 SETTLE_SECONDS = 1.0
@@ -70,10 +70,10 @@ def per_call(services: Services, *, concurrency: int) -> dict[str, Any]:
 def _held(services: Services, queue: str) -> int:
     """Jobs the queue's workers took and hold (their taken hashes)."""
     r = services.redis
-    workers = cast(set[bytes], r.smembers(transport.workers_key(queue)))
+    workers = cast(set[bytes], r.smembers(deliveries.workers_key(queue)))
     held = 0
     for worker in workers:
-        held += r.hlen(transport.taken_key(queue, worker.decode()))
+        held += r.hlen(deliveries.taken_key(queue, worker.decode()))
     return held
 
 
