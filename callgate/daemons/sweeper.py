@@ -32,10 +32,13 @@ Faster than ``stale_seconds``, two kinds of loss are noticed from Redis (``recov
   leases, which alone decide who may run a reserved call; fencing keeps a stalled owner that
   wakes up harmless;
 - Redis that lost its data (FLUSHALL, a restart without persistence), noticed by its epoch
-  key being gone or changed since this process last looked, and Redis that may have lost
-  its latest writes (a replica promoted by Sentinel, which had not received them; a
-  restart), noticed by its replication id changing (``deliveries.RedisEpoch``): every open
-  call nobody holds is dispatched again.
+  key being gone or changed, and Redis that may have lost its latest writes (a replica
+  promoted by Sentinel, which had not received them; a restart), noticed by its
+  replication id changing (``deliveries.RedisEpoch``). The last value seen is recorded in
+  Postgres (``callgate.redis_epochs``), so the process that notices a new one may have
+  started after the loss, and every open call nobody holds is dispatched again once per
+  loss, whichever and however many processes sweep: each dispatches only the calls not
+  dispatched since the loss was recorded.
 
 Every worker process sweeps too (on a thread, ``CALLGATE_WORKER_SWEEP``), so recovery does
 not depend on the sweeper process; several sweepers at once are safe (``SKIP LOCKED``, and a
@@ -256,38 +259,41 @@ def recover_lost(
     max_dispatches: int,
     epoch: deliveries.RedisEpoch | None = None,
 ) -> list[uuid.UUID]:
-    """Dispatch again, without waiting for ``stale_seconds``, the calls Redis lost (seen
-    through ``epoch``, this process's memory of the epoch key) and the calls taken by
-    workers whose liveness key expired. Returns the calls dispatched."""
+    """Dispatch again, without waiting for ``stale_seconds``, the calls Redis lost (its
+    epoch changed from the one recorded in Postgres; ``epoch`` spares the comparison while
+    this process's last value holds) and the calls taken by workers whose liveness key
+    expired. Returns the calls dispatched."""
     conn: redis.Redis = queue.connection
     name = queue.name
     dispatched: list[uuid.UUID] = []
     epoch = epoch or deliveries.RedisEpoch()
-    lost_data, now = epoch.look(conn, name)
-    if lost_data:
-        # Every job enqueued before now may be lost; Postgres' clock read after the loss
-        # was seen covers them all (and a few jobs enqueued since, which are only
-        # duplicates). It is read once: the calls marked meanwhile are dispatched after
-        # it, so batches end. If this fails, ``epoch`` keeps the old value and the next
-        # sweep tries again.
-        since = sweeps.now(engine)
-        lost = _redispatch_lost(
-            engine,
-            queue,
-            refs=None,
-            since=since,
-            job_timeout=job_timeout,
-            max_dispatches=max_dispatches,
-            reason="redis_lost",
-        )
-        if lost:
-            log.warning(
-                "Redis lost its data or changed history (a flush, a restart, a failover): "
-                "re-dispatched %d open call(s)",
-                len(lost),
-            )
-        dispatched.extend(lost)
-    epoch.seen = now
+    current = epoch.look(conn, name)
+    if current is not None:
+        # A value this process has not settled: Postgres says whether it replaced another
+        # one, and since when. Every sweeper that notices the same loss dispatches again only
+        # the calls not dispatched since that moment, so a call lost once is dispatched once
+        # more, however many processes sweep; a process that just started notices a loss
+        # that happened while it was down. If this fails, the next sweep tries again.
+        recorded = sweeps.record_epoch(engine, name, current)
+        if recorded.epoch == current:
+            if recorded.lost_since is not None:
+                lost = _redispatch_lost(
+                    engine,
+                    queue,
+                    refs=None,
+                    since=recorded.lost_since,
+                    job_timeout=job_timeout,
+                    max_dispatches=max_dispatches,
+                    reason="redis_lost",
+                )
+                if lost:
+                    log.warning(
+                        "Redis lost its data or changed history (a flush, a restart, a "
+                        "failover): re-dispatched %d open call(s)",
+                        len(lost),
+                    )
+                dispatched.extend(lost)
+            epoch.seen = current
     for worker in deliveries.dead_workers(conn, name):
         # One sweeper recovers a worker at a time. The worker leaves the list only once its
         # calls are dispatched again: a sweeper that dies (or fails) midway leaves it listed,

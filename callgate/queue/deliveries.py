@@ -309,32 +309,32 @@ def forget_worker(conn: redis.Redis, queue: str, worker: str) -> None:
 
 
 class RedisEpoch:
-    """What this process last saw of its queue's epoch key in Redis, and of the replication
-    id of the Redis it reached.
+    """Redis's history as this process last settled it: the queue's epoch key and the
+    replication id of the Redis it reached.
 
     The key holds a random value set by the first sweeper that found it missing. Redis that
-    lost its data (FLUSHALL, a restart without persistence) loses the key: the next sweep
-    of a process that saw the old value finds it missing or changed. A process that never
-    saw a value (it just started) cannot tell a fresh Redis from a flushed one, so it only
-    sets the key: a fresh stack's first sweep re-dispatches nothing. A loss while every
-    process restarts is therefore noticed by the stale rule (``stale_seconds``) instead.
-
-    A replica promoted to primary (a Sentinel failover) holds the epoch key, replicated long
-    ago, but may lack the writes of the primary's last moments: jobs enqueued, or taken,
-    just before it died. Redis gives every history a replication id (INFO's
-    ``master_replid``); a promotion or a restart starts a new one. So the value compared is
+    lost its data (FLUSHALL, a restart without persistence) loses the key, so the value
+    changes. A replica promoted to primary (a Sentinel failover) holds the epoch key,
+    replicated long ago, but may lack the writes of the primary's last moments: jobs
+    enqueued, or taken, just before it died. Redis gives every history a replication id
+    (INFO's ``master_replid``); a promotion or a restart starts a new one. So the value is
     the key's and the id's together: a new id counts as a loss too, even when nothing was
-    lost (the cost is duplicate jobs, which the reservation CAS makes harmless). A Redis that
-    refuses INFO (an ACL without it) is judged by the key alone.
+    lost (the cost is one duplicate job per open call, which the reservation CAS makes
+    harmless). A Redis that refuses INFO (an ACL without it) is judged by the key alone.
+
+    Whether a new value means a loss is not this process's to say: the sweeper compares it
+    with the value recorded in Postgres (``callgate.store.sweeps.record_epoch``), which every
+    process shares and a restart does not forget. This object only spares that round trip
+    while the value stays what this process settled last.
     """
 
     def __init__(self) -> None:
-        self.seen: bytes | None = None
+        self.seen: str | None = None
 
-    def look(self, conn: redis.Redis, queue: str) -> tuple[bool, bytes]:
-        """(lost since this process last looked, the value now). One round trip (GET and
-        INFO replication) while nothing changed; a SET NX and a second GET when the key is
-        missing."""
+    def look(self, conn: redis.Redis, queue: str) -> str | None:
+        """The value now, if it is not the one this process settled last; else None. One
+        round trip (GET and INFO replication) while nothing changed; a SET NX and a second
+        GET when the key is missing."""
         key = epoch_key(queue)
         with conn.pipeline(transaction=False) as pipe:
             pipe.get(key)
@@ -346,5 +346,5 @@ class RedisEpoch:
             conn.set(key, uuid.uuid4().hex, nx=True)
             current = conn.get(key)
         history = info.get("master_replid", "") if isinstance(info, dict) else ""
-        now = (current or b"") + b"@" + str(history).encode()
-        return self.seen is not None and now != self.seen, now
+        now = f"{(current or b'').decode()}@{history}"
+        return None if now == self.seen else now

@@ -323,3 +323,15 @@ console_sessions = Table(
     Column("expires_at", DateTime(timezone=True), nullable=False),
     UniqueConstraint("session_hash", name="console_sessions_session_hash_key"),
 )
+
+# The Redis history (epoch key and replication id) each queue's sweepers saw last, and when
+# it replaced another one (``replaced``): a loss of Redis data is recovered once, from this
+# moment, whichever process notices it, even one that just started (callgate.store.sweeps).
+redis_epochs = Table(
+    "redis_epochs",
+    metadata,
+    Column("queue", Text, primary_key=True),
+    Column("epoch", Text, nullable=False),
+    Column("changed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("replaced", Boolean, nullable=False, server_default=text("false")),
+)

@@ -6,6 +6,7 @@ records."""
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Connection, Engine, text
@@ -145,8 +146,36 @@ def operation_tool(conn: Connection, operation_id: str) -> str:
     return str(row)
 
 
-def now(engine: Engine) -> Any:
-    """Postgres' clock (the moment a loss of Redis data was seen, on the same clock as the
-    dispatch times it is compared with)."""
-    with engine.connect() as conn:
-        return conn.execute(text("SELECT now()")).scalar_one()
+# The Redis history a queue's sweepers saw last (epoch key and replication id). A process
+# records what it sees now; only a value different from the recorded one is written, and
+# then ``changed_at`` moves and ``replaced`` says a history was lost. Concurrent recorders
+# of one new value: the row lock makes one of them write it, the others find it equal.
+RECORD_EPOCH_SQL = """
+INSERT INTO callgate.redis_epochs AS e (queue, epoch)
+VALUES (:queue, :epoch)
+ON CONFLICT (queue) DO UPDATE
+   SET epoch = EXCLUDED.epoch, changed_at = now(), replaced = true
+ WHERE e.epoch <> EXCLUDED.epoch
+"""
+
+RECORDED_EPOCH_SQL = """
+SELECT epoch, changed_at, replaced FROM callgate.redis_epochs WHERE queue = :queue
+"""
+
+
+@dataclass(frozen=True)
+class RecordedEpoch:
+    """The Redis history recorded for a queue, and, if it replaced an earlier one, when:
+    every open call not dispatched since then may have lost its job."""
+
+    epoch: str
+    lost_since: Any | None
+
+
+def record_epoch(engine: Engine, queue: str, epoch: str) -> RecordedEpoch:
+    """Record ``epoch`` as the queue's Redis history, and return what is recorded now (a
+    concurrent sweeper may have recorded a newer one in between)."""
+    with engine.begin() as conn:
+        conn.execute(text(RECORD_EPOCH_SQL), {"queue": queue, "epoch": epoch})
+        row = conn.execute(text(RECORDED_EPOCH_SQL), {"queue": queue}).one()
+    return RecordedEpoch(row.epoch, row.changed_at if row.replaced else None)

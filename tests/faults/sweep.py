@@ -127,6 +127,10 @@ class RoundTripSpec:
     # submit (a job still queued is a backlog, never dispatched again): past the stale
     # window the sweeper's re-dispatch is the round trip under test.
     late_worker: bool = False
+    # With late_worker: Redis loses the epoch key too (as a flush would), and the fault is
+    # armed only once the sweeper has recorded the epoch it first saw, so the round trip
+    # under test is the record of the new epoch, the loss's.
+    lose_epoch: bool = False
     # Armed with the stack up and idle, and the turn submitted only once the fault has met
     # its round trip (a worker's blocking wait for a job: the one that then moves the job).
     fire_before_submit: bool = False
@@ -249,6 +253,13 @@ ROUND_TRIPS: dict[str, RoundTripSpec] = {
             "postgres",
             _pg(r"SET dispatched_at = now\(\), dispatches = dispatches \+ 1", SWEEPER),
             late_worker=True,
+        ),
+        RoundTripSpec(
+            "record Redis epoch",
+            "postgres",
+            _pg(r"INSERT INTO callgate\.redis_epochs", SWEEPER),
+            late_worker=True,
+            lose_epoch=True,
         ),
         RoundTripSpec(
             "relay publish",
@@ -414,7 +425,7 @@ class Cell:
         try:
             if not self.spec.stack_after_submit:
                 self._start(stack, queue)
-            if self.spec.action is None:
+            if self.spec.action is None and not self.spec.lose_epoch:
                 self._proxy.arm(fault)
             if self.spec.fire_before_submit:
                 deadline = time.monotonic() + 15.0
@@ -428,6 +439,10 @@ class Cell:
                 # job is dispatched again.
                 lose = transport.connect(self.redis_url)
                 try:
+                    if self.spec.lose_epoch:
+                        self._wait_epoch_recorded(queue)
+                        self._proxy.arm(fault)
+                        lose.delete(deliveries.epoch_key(queue))
                     lose.delete(f"rq:queue:{queue}")
                 finally:
                     lose.close()
@@ -538,6 +553,14 @@ class Cell:
                     return errors
                 submit_key = getattr(err, "submit_key", None)
         return errors
+
+    def _wait_epoch_recorded(self, queue: str) -> None:
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline:
+            if self._rows("SELECT 1 FROM callgate.redis_epochs WHERE queue = %s", queue):
+                return
+            time.sleep(0.1)
+        raise AssertionError("the sweeper never recorded Redis's epoch")
 
     def _rows(self, sql: str, *params: Any) -> list[dict[str, Any]]:
         with psycopg.connect(libpq_url(self.database_url), autocommit=True) as conn:

@@ -189,21 +189,36 @@ def test_jobs_redis_lost_come_back_on_the_next_sweep(
     assert _recover(engine, producer, epoch) == []
 
 
-def test_a_loss_seen_first_by_another_process_is_still_noticed(
+def test_a_process_that_started_after_the_loss_notices_it(
     engine: Engine, producer: Producer, queue_name: str
 ) -> None:
     conn = producer.redis
-    epoch = deliveries.RedisEpoch()
     refs = [uuid.UUID(str(c.ref)) for c in _reads(producer, 2).calls]
-    assert _recover(engine, producer, epoch) == []
+    assert _recover(engine, producer, deliveries.RedisEpoch()) == []  # recorded in Postgres
     conn.delete(f"rq:queue:{queue_name}", deliveries.epoch_key(queue_name))
-    # A process that just started sweeps first: it cannot tell a loss from a fresh Redis,
-    # and only sets a new epoch.
-    assert _recover(engine, producer, deliveries.RedisEpoch()) == []
-    assert producer.queue.count == 0
-    # The process that saw the old epoch finds it changed.
-    assert sorted(_recover(engine, producer, epoch)) == sorted(refs)
+    # Every process that saw the old epoch is gone; one that never saw it sweeps first.
+    assert sorted(_recover(engine, producer, deliveries.RedisEpoch())) == sorted(refs)
     assert producer.queue.count == 2
+    assert _dispatches(engine, refs) == [2, 2]
+
+
+def test_one_loss_costs_each_open_call_one_dispatch_however_many_processes_sweep(
+    engine: Engine, producer: Producer, queue_name: str
+) -> None:
+    conn = producer.redis
+    refs = [uuid.UUID(str(c.ref)) for c in _reads(producer, 5).calls]
+    processes = [deliveries.RedisEpoch() for _ in range(6)]  # six sweeping processes
+    for epoch in processes:
+        assert _recover(engine, producer, epoch) == []
+
+    for loss in (1, 2, 3):
+        conn.delete(f"rq:queue:{queue_name}", deliveries.epoch_key(queue_name))
+        back = [_recover(engine, producer, epoch) for epoch in processes]
+        # One of them dispatches all five again; the others find them dispatched since.
+        assert sorted(len(b) for b in back) == [0, 0, 0, 0, 0, 5]
+        assert producer.queue.count == 5
+        assert _dispatches(engine, refs) == [1 + loss] * 5
+        assert [_recover(engine, producer, epoch) for epoch in processes] == [[]] * 6
 
 
 def test_a_fresh_stacks_first_sweep_dispatches_nothing_again(
