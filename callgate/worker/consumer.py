@@ -295,12 +295,32 @@ class Consumer:
                 self._slots.notify_all()
 
     def _drain(self) -> int:
-        """Wait for the calls in flight until the grace period ends; the count still running."""
+        """Wait for the calls in flight until the grace period ends, and past it for the
+        results still being committed (while their leases may hold); the count still running."""
         start = self._stop_requested_at or time.monotonic()
         deadline = start + self.grace_seconds
         with self._slots:
             while self.in_flight and time.monotonic() < deadline:
                 self._slots.wait(min(POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+        if self.in_flight and self.rt.held.count:
+            # A handler that returned holds the only copy of its result (a write's, which
+            # may have applied) until its completion commits; PostgreSQL being away at the
+            # moment must not make the worker drop it. The completion retries for a lease.
+            lease = self.rt.settings.lease_seconds
+            log.warning(
+                "%d result(s) not yet committed at the end of the %g s grace period "
+                "(PostgreSQL unreachable?); waiting for them up to the lease (%g s)",
+                self.rt.held.count,
+                self.grace_seconds,
+                lease,
+            )
+            running = self.in_flight - self.rt.held.count  # handlers still running
+            self.rt.held.wait_released(time.monotonic() + lease + HELD_SLACK_SECONDS)
+            with self._slots:  # the completed calls' threads leave in_flight just after
+                settle = time.monotonic() + 1.0
+                while self.in_flight > running and time.monotonic() < settle:
+                    self._slots.wait(0.05)
+        with self._slots:
             if self.in_flight:
                 log.warning(
                     "%d call(s) still running after the %g s grace period; their leases are "
@@ -310,6 +330,10 @@ class Consumer:
                     self.grace_seconds,
                 )
             return self.in_flight
+
+
+# Past the lease a completion retries for, how long a stopping worker still waits for it.
+HELD_SLACK_SECONDS = 2.0
 
 
 def _outage(exc: BaseException) -> bool:

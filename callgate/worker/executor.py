@@ -606,6 +606,11 @@ def _complete(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> Del
     """Commit ``outcome`` under ``lease``. A result Postgres cannot store still ends the
     call: with ``execution_failed`` for a read, ``reconciliation_pending`` for a write (it
     applied; its result is lost)."""
+    with d.rt.held.hold():
+        return _complete_held(d, lease, outcome)
+
+
+def _complete_held(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> DeliveryOutcome:
     try:
         finished = reservations.complete(
             d.rt.engine,

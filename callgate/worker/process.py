@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from types import FrameType
 from typing import Any
 
@@ -33,6 +34,7 @@ from callgate.tools import redaction
 from callgate.tools import registry as tool_registry
 from callgate.worker import runtime
 from callgate.worker.consumer import Consumer
+from callgate.worker.runtime import HeldResults
 
 log = logging.getLogger("callgate.worker")
 lines = logging.getLogger(f"{logs.PROCESS_LOGGER}.worker")
@@ -67,7 +69,14 @@ def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> 
         def on_term(signum: int, frame: FrameType | None) -> None:
             signalled.append(signum)
             consumer.stop()
-            _exit_after(settings.worker_grace_seconds + EXIT_SLACK_SECONDS)
+            _exit_after(
+                settings.worker_grace_seconds + EXIT_SLACK_SECONDS,
+                rt.held,
+                until=time.monotonic()
+                + settings.worker_grace_seconds
+                + settings.lease_seconds
+                + EXIT_SLACK_SECONDS,
+            )
 
         signal.signal(signal.SIGTERM, on_term)
     stop_sweeping = threading.Event()
@@ -143,8 +152,14 @@ def _exit_now(code: int) -> None:
     os._exit(code)
 
 
-def _exit_after(seconds: float) -> None:
+def _exit_after(seconds: float, held: HeldResults, *, until: float) -> None:
+    """Exit ``seconds`` from now, or later while a result not yet committed is held, up to
+    ``until`` (monotonic): a completion retries for a lease."""
+
     def overdue() -> None:
+        if held.count and time.monotonic() < until:
+            _exit_after(1.0, held, until=until)
+            return
         log.error("worker still running %.0f s after SIGTERM; exiting", seconds)
         _exit_now(1)
 

@@ -6,7 +6,10 @@ the specs workers publish (``callgate.store.tool_catalog``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import threading
+import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from types import ModuleType
 
@@ -37,6 +40,35 @@ def pool_connections(concurrency: int) -> int:
     return min(concurrency, POOL_CONNECTIONS) + 2
 
 
+class HeldResults:
+    """The results this process holds that PostgreSQL has not taken yet: a write's handler
+    returned (it may have applied) and its completion is still being committed. A stopping
+    worker waits for these past its grace period, while their leases may still be theirs:
+    exiting would drop a result that exists nowhere else."""
+
+    def __init__(self) -> None:
+        self._changed = threading.Condition()
+        self.count = 0
+
+    @contextmanager
+    def hold(self) -> Iterator[None]:
+        with self._changed:
+            self.count += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self.count -= 1
+                self._changed.notify_all()
+
+    def wait_released(self, deadline: float) -> int:
+        """Wait until none is held or ``deadline`` (monotonic) passes; the count left."""
+        with self._changed:
+            while self.count and (left := deadline - time.monotonic()) > 0:
+                self._changed.wait(left)
+            return self.count
+
+
 @dataclass(frozen=True)
 class Runtime:
     settings: Settings
@@ -46,6 +78,7 @@ class Runtime:
     registry: tool_registry.Registry
     # Tool name → where it came from, for the catalogue: an MCP server's tools only.
     tool_sources: Mapping[str, str] = field(default_factory=dict)
+    held: HeldResults = field(default_factory=HeldResults)
 
     @classmethod
     def create(cls, settings: Settings) -> Runtime:

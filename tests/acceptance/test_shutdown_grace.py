@@ -75,3 +75,43 @@ def test_a_handler_past_the_grace_loses_its_lease_and_the_worker_exits(
     # The demo mail honours idempotency keys: sent twice, applied once.
     assert requests_for(engine, key) == 2
     assert effects_for(engine, key) == 1
+
+
+def test_a_result_held_through_a_postgres_outage_is_committed_before_the_worker_exits(
+    start, make_producer, engine, env, database_url, pg_proxy
+):
+    """SIGTERM while PostgreSQL is away: a write that applied and whose handler returned
+    holds the only copy of its result, so the worker waits past its grace, while the lease
+    may still be its own, and commits it when PostgreSQL is back."""
+    outage = 8.0
+    s = start(
+        workers=1,
+        CALLGATE_DATABASE_URL=pg_proxy.url(database_url),
+        CALLGATE_DOWNSTREAM_DATABASE_URL=database_url,  # the charge itself is not cut off
+        CALLGATE_WORKER_GRACE_SECONDS=str(GRACE),
+        CALLGATE_LEASE_SECONDS="20",
+        CALLGATE_STALE_SECONDS="60",
+        CALLGATE_DEMO_DELAY_MS="charge_legacy=0:1000",  # returns 1 s after its charge
+    )
+    producer = make_producer()
+    turn_id, ref, _op = submit_one(producer, "charge_legacy", {"amount": 7})
+    wait_until(lambda: _legacy_charges(engine) == 1, what="the charge applied")
+    pg_proxy.shut_for(outage, cut=True)
+    signalled = time.monotonic()
+    s.signal("worker-1", signal.SIGTERM)
+
+    code = s.procs["worker-1"].wait(timeout=GRACE + outage + 15)
+    exited_after = time.monotonic() - signalled
+    assert code == 0
+    assert exited_after > outage - 1, f"the worker left {exited_after:.1f} s after SIGTERM"
+    # Committed by that worker, before the lease ran out: no takeover, one charge.
+    assert scalar(engine, "SELECT state FROM callgate.calls WHERE id = :r", r=ref) == "succeeded"
+    result = only_result(producer, turn_id, timeout=20)
+    assert result.status == "succeeded", result
+    assert _legacy_charges(engine) == 1
+
+
+def _legacy_charges(engine: Engine) -> int:
+    return int(
+        scalar(engine, "SELECT count(*) FROM downstream.side_effects WHERE service = 'legacy'")
+    )
