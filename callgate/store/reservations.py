@@ -36,7 +36,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import psycopg
@@ -70,13 +70,15 @@ WITH live AS (
            canonical = CAST(:canonical AS jsonb),
            reserved_from = state,
            lease_expires_at = now() + make_interval(secs => :lease_seconds),
-           attempts = attempts + 1
+           attempts = attempts + 1,
+           first_sent_at = coalesce(first_sent_at, now())
      WHERE operation_id = :operation_id
        AND (intent_hash IS NULL OR intent_hash = :intent_hash)
        AND (state = 'pending' OR (state = 'in_progress' AND lease_expires_at < now()))
        -- never start a handler for a call that has already ended
        AND EXISTS (SELECT 1 FROM live)
-    RETURNING operation_id, generation, reserved_from
+    RETURNING operation_id, generation, reserved_from,
+              extract(epoch FROM now() - first_sent_at)::float8 AS key_age
 ), started AS (
     UPDATE callgate.calls AS c
        SET state = 'started'
@@ -91,7 +93,7 @@ WITH live AS (
            jsonb_build_object('intent_hash', CAST(:intent_hash AS text)) || CAST(:detail AS jsonb)
       FROM op
 )
-SELECT generation, reserved_from FROM op
+SELECT generation, reserved_from, key_age FROM op
 """
 
 RENEW_SQL = """
@@ -325,6 +327,7 @@ WITH target AS (
 WHY_LOST_SQL = """
 SELECT op.state, op.intent_hash, op.generation, op.owner_token, op.reserved_from,
        coalesce(op.lease_expires_at < now(), false) AS lease_expired,
+       coalesce(extract(epoch FROM now() - op.first_sent_at)::float8, 0) AS key_age,
        c.state AS call_state
   FROM callgate.operations AS op
   JOIN callgate.calls AS c ON c.operation_id = op.operation_id
@@ -362,6 +365,9 @@ _TRACE = db.Statement(TRACE_SQL)
 class Reserved:
     generation: int
     takeover: bool
+    # Seconds since this operation's key was first sent (0 on the first reservation): read
+    # off the clock, so not part of what makes two reservations the same.
+    key_age_seconds: float = field(default=0.0, compare=False)
 
 
 @dataclass(frozen=True)
@@ -413,7 +419,11 @@ def reserve(
         with db.raw_autocommit(engine) as conn:
             row = conn.first(_RESERVE, params)
             if row is not None:
-                return Reserved(row.generation, takeover=row.reserved_from == "in_progress")
+                return Reserved(
+                    row.generation,
+                    takeover=row.reserved_from == "in_progress",
+                    key_age_seconds=float(row.key_age or 0.0),
+                )
             return why_lost(
                 conn,
                 operation_id=operation_id,
@@ -445,7 +455,11 @@ def why_lost(
     if op is None:
         return NotReserved("missing")
     if owner_token is not None and op.owner_token == owner_token and op.state == "in_progress":
-        return Reserved(op.generation, takeover=op.reserved_from == "in_progress")
+        return Reserved(
+            op.generation,
+            takeover=op.reserved_from == "in_progress",
+            key_age_seconds=float(op.key_age or 0.0),
+        )
     seen = {
         "generation": op.generation,
         "op_state": op.state,

@@ -83,6 +83,9 @@ operations = Table(
     Column("attempts", Integer, nullable=False, server_default="0"),
     Column("created_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("completed_at", DateTime(timezone=True)),
+    # When its first reservation sent the idempotency key (a downstream keeps keys for a
+    # limited time: Downstream.keys_kept_seconds).
+    Column("first_sent_at", DateTime(timezone=True)),
     # The reconciliation index's filter, in place of ``state`` and ``result``: see calls.
     Column(
         "awaits_reconciliation",

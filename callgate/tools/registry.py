@@ -126,11 +126,45 @@ READ_ONLY = SideEffect(idempotent=True, reversible=True)
 
 @dataclass(frozen=True)
 class Downstream:
-    """What the tool's downstream offers against duplicates and stale owners."""
+    """What the tool's downstream offers against duplicates and stale owners.
+
+    ``keys_kept_seconds``: how long the downstream remembers an idempotency key (None: as
+    long as callgate may send it again). A request repeated after that is a new request to
+    it, so callgate sends a key again only while the key is younger than that, less
+    ``KEY_MARGIN_SECONDS``; past it, a repeat is settled as for a downstream without keys
+    (the status lookup, else ``reconciliation_pending``)."""
 
     idempotency_keys: bool = False
     fencing: bool = False
     status_lookup: bool = False
+    keys_kept_seconds: float | None = None
+
+    def __post_init__(self) -> None:
+        kept = self.keys_kept_seconds
+        if kept is None:
+            return
+        if isinstance(kept, bool) or not isinstance(kept, int | float) or not kept > 0:
+            raise ConfigurationError(
+                f"Downstream(keys_kept_seconds={kept!r}): give how long the downstream keeps "
+                "an idempotency key, in seconds (a number above 0), or None"
+            )
+        if not self.idempotency_keys:
+            raise ConfigurationError(
+                f"Downstream(keys_kept_seconds={kept!r}) without idempotency_keys=True: only a "
+                "downstream that takes idempotency keys keeps them"
+            )
+
+    def keeps_key(self, age_seconds: float) -> bool:
+        """Does the downstream still remember a key first sent ``age_seconds`` ago?"""
+        if not self.idempotency_keys:
+            return False
+        kept = self.keys_kept_seconds
+        return kept is None or age_seconds < kept - KEY_MARGIN_SECONDS
+
+
+# A key is not sent again in the last minute of the time its downstream keeps it: the
+# downstream's clock and PostgreSQL's differ, and a request sent now arrives a little later.
+KEY_MARGIN_SECONDS = 60.0
 
 
 def _refuse_read_contracts(tool: Tool) -> None:

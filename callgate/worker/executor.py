@@ -379,14 +379,21 @@ def _run(
             on_effect=metrics.effect_reporter(tool.name, tool.kind),
         )
         outcome: _Outcome | None = None
-        if reserved.takeover and not retry.safe_to_repeat(tool):
+        age = reserved.key_age_seconds
+        if reserved.takeover and not retry.safe_to_repeat(tool, age):
             # The previous owner died or stalled after it started: its write may have
             # applied. Fencing cannot tell (it refuses a stale owner's late write, not a
             # second write after the first one landed); only the tool's status lookup can.
             outcome = _settle(d, tool, args, ctx, detail, "the previous attempt may have applied")
+        elif reserved.generation > 1 and retry.key_dropped(tool, age):
+            # An earlier attempt sent this key, and the downstream no longer keeps it: sent
+            # again, the write would be a new request. Settled as for a takeover.
+            outcome = _settle(
+                d, tool, args, ctx, detail, "the key of an earlier attempt is no longer kept"
+            )
         if outcome is None:
             try:
-                outcome = _handle(d, tool, args, ctx, heartbeat, detail)
+                outcome = _handle(d, tool, args, ctx, heartbeat, detail, age)
             except StaleFence as err:
                 d.trace("stale_fence_rejected", generation=reserved.generation, message=err.message)
                 events.rejected_stale(
@@ -493,8 +500,10 @@ def _handle(
     ctx: ExecutionContext,
     heartbeat: retry.Lease,
     detail: dict[str, Any],
+    key_age_seconds: float = 0.0,
 ) -> _Outcome:
     """Run the handler and classify what happened. ``StaleFence`` propagates."""
+    started = time.monotonic()
     try:
         raw = retry.run_handler(
             tool,
@@ -503,18 +512,21 @@ def _handle(
             heartbeat,
             attempts=d.rt.settings.retry_attempts,
             budget_seconds=d.rt.settings.retry_budget_seconds,
+            key_age_seconds=key_age_seconds,
         )
     except StaleFence:
         raise
     except ToolError as err:
-        if err.retryable and err.applied is not False and not retry.safe_to_repeat(tool):
+        age = key_age_seconds + time.monotonic() - started
+        if err.retryable and err.applied is not False and not retry.safe_to_repeat(tool, age):
             # "Try again later" from a write that may have applied (a timeout after the
             # request left) and that nothing downstream deduplicates: not a retry.
             settled = _settle(d, tool, args, ctx, detail, "the write may have applied")
             return settled or _Outcome(results.failure_status(err), results.failure_error(err))
         return _Outcome(results.failure_status(err), results.failure_error(err))
     except Exception as exc:  # a handler bug, a job timeout: never leak its text to the model
-        if retry.transient_failure(exc) and retry.safe_to_repeat(tool):
+        age = key_age_seconds + time.monotonic() - started
+        if retry.transient_failure(exc) and retry.safe_to_repeat(tool, age):
             if tool.kind == "write":
                 # A dropped connection to the downstream (a database restart, a terminated
                 # backend, a reset socket) with the retry budget spent. The write may have

@@ -45,11 +45,24 @@ class Lease(Protocol):
     def expired(self) -> bool: ...
 
 
-def safe_to_repeat(tool: Tool) -> bool:
+def safe_to_repeat(tool: Tool, key_age_seconds: float = 0.0) -> bool:
     """May this tool run again after an attempt that may have applied? A read, a write whose
-    effect is idempotent, or one whose downstream replays an idempotency key. Fencing is not
-    enough (see the executor's ``_run``)."""
-    return tool.kind == "read" or tool.effect.idempotent or tool.downstream.idempotency_keys
+    effect is idempotent, or one whose downstream replays an idempotency key it still keeps
+    (the key was first sent ``key_age_seconds`` ago). Fencing is not enough (see the
+    executor's ``_run``)."""
+    return (
+        tool.kind == "read" or tool.effect.idempotent or tool.downstream.keeps_key(key_age_seconds)
+    )
+
+
+def key_dropped(tool: Tool, key_age_seconds: float) -> bool:
+    """Does this write rest on an idempotency key its downstream no longer keeps?"""
+    return (
+        tool.kind == "write"
+        and not tool.effect.idempotent
+        and tool.downstream.idempotency_keys
+        and not tool.downstream.keeps_key(key_age_seconds)
+    )
 
 
 def transient_failure(exc: BaseException) -> bool:
@@ -59,15 +72,16 @@ def transient_failure(exc: BaseException) -> bool:
     return db.is_connection_failure(exc) or isinstance(exc, ConnectionError | TimeoutError)
 
 
-def may_retry(tool: Tool, exc: BaseException) -> bool:
+def may_retry(tool: Tool, exc: BaseException, key_age_seconds: float = 0.0) -> bool:
     """May a failed attempt be made again with the same key and fence? A retryable refusal
     or a transient failure, and only where a repeat cannot apply the write twice: a read, a
     repeat-safe write, or a refusal the handler says did not apply. A stale fence never."""
     if isinstance(exc, StaleFence):
         return False
+    safe = safe_to_repeat(tool, key_age_seconds)
     if isinstance(exc, ToolError):
-        return exc.retryable and (safe_to_repeat(tool) or exc.applied is False)
-    return transient_failure(exc) and safe_to_repeat(tool)
+        return exc.retryable and (safe or exc.applied is False)
+    return transient_failure(exc) and safe
 
 
 def lookup(read: Callable[[], _T], settings: Settings) -> _T:
@@ -103,22 +117,28 @@ def run_handler(
     *,
     attempts: int,
     budget_seconds: float,
+    key_age_seconds: float = 0.0,
 ) -> dict[str, Any]:
     """Retry what ``may_retry`` allows with the same key and fence, while the lease holds,
     within the call's budget: at most ``attempts`` attempts, and no wait that would end past
-    ``budget_seconds`` after the first attempt started.
+    ``budget_seconds`` after the first attempt started. ``key_age_seconds``: how long ago the
+    key was first sent, when this attempt started (a downstream keeps keys for a while).
 
     The first attempt runs bare: most succeed, and a retry policy costs more to set up than
     a no-op handler does to run. Only a failure that may be retried goes on under tenacity,
     which replays it as its attempt 1 (the handler does not run again for it) and counts the
     budget from the first attempt's start."""
     started = time.monotonic()
+
+    def repeatable(exc: BaseException) -> bool:
+        return may_retry(tool, exc, key_age_seconds + time.monotonic() - started)
+
     metrics.handler_invoked(tool.name, tool.kind)
     try:
         result: dict[str, Any] = aio.call(tool.handler, args, ctx)
         return result
     except Exception as exc:
-        if attempts <= 1 or not may_retry(tool, exc) or heartbeat.expired():
+        if attempts <= 1 or not repeatable(exc) or heartbeat.expired():
             raise
         first: Exception = exc
     replayed = False
@@ -137,7 +157,7 @@ def run_handler(
         stop=stop_after_attempt(attempts)
         | stop_before_delay(max(0.0, budget_seconds - (time.monotonic() - started))),
         wait=_wait,
-        retry=retry_if_exception(lambda e: may_retry(tool, e) and not heartbeat.expired()),
+        retry=retry_if_exception(lambda e: repeatable(e) and not heartbeat.expired()),
         reraise=True,
     )
     retried: dict[str, Any] = retrying(attempt)

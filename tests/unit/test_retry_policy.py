@@ -16,7 +16,15 @@ from callgate.core.errors import ConfigurationError, ErrorCode, StaleFence, Tool
 from callgate.core.settings import Settings
 from callgate.ops.lab.chaos.tools import UNKEYED, chaos_registry
 from callgate.tools.registry import ExecutionContext
-from callgate.worker.retry import lookup, may_retry, retry_delay, run_handler, transient_failure
+from callgate.worker.retry import (
+    key_dropped,
+    lookup,
+    may_retry,
+    retry_delay,
+    run_handler,
+    safe_to_repeat,
+    transient_failure,
+)
 
 REGISTRY = chaos_registry()
 READ = REGISTRY.tools["get_stock"]
@@ -160,3 +168,20 @@ def test_a_status_lookup_is_read_again_after_a_dropped_connection_but_not_after_
     with pytest.raises(ValueError):
         lookup(broken, settings)
     assert len(reads) == 1
+
+
+def test_a_key_is_sent_again_only_while_its_downstream_keeps_it() -> None:
+    from callgate.tools.registry import KEY_MARGIN_SECONDS, Downstream
+
+    kept = dataclasses.replace(
+        KEYED, downstream=Downstream(idempotency_keys=True, keys_kept_seconds=3600)
+    )
+    assert safe_to_repeat(kept, 0) and safe_to_repeat(kept, 3600 - KEY_MARGIN_SECONDS - 1)
+    assert not safe_to_repeat(kept, 3600 - KEY_MARGIN_SECONDS)
+    assert key_dropped(kept, 3600) and not key_dropped(kept, 10)
+    assert safe_to_repeat(KEYED, 10 * 365 * 86400)  # no lifetime declared: kept
+    assert not key_dropped(KEYED, 10 * 365 * 86400)
+    assert not key_dropped(UNKEYED_WRITE, 10**9)  # no key to drop
+    drop = ConnectionResetError()
+    assert may_retry(kept, drop, 10) and not may_retry(kept, drop, 3600)
+    assert may_retry(kept, unavailable(applied=False), 3600)  # did not apply: repeat is safe
