@@ -33,7 +33,7 @@ from callgate.producer.fanin import (
     follow,
 )
 from callgate.producer.planning import arguments_hash, plan
-from callgate.queue import transport
+from callgate.queue import deliveries, transport
 from callgate.store import db, schema_version, tool_catalog, turns
 from callgate.store.db import Engine
 from callgate.tools import registry as tool_registry
@@ -405,6 +405,12 @@ class Producer:
             request = advance(loop, answer)
         fanned_in(state, fan, loaded)
         return collected(self.engine, state, fan)
+
+    def live_workers(self) -> list[str]:
+        """The workers serving this queue now (listed, with a live liveness key): none means
+        nothing runs a pending call until one starts."""
+        with transport.translate_errors("worker lookup"):
+            return deliveries.live_workers(self.redis, self.settings.queue)
 
     def close(self) -> None:
         self.engine.dispose()

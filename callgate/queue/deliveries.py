@@ -266,6 +266,12 @@ LIVENESS_SOCKET_TIMEOUT_SECONDS = 2.0
 RECOVERY_CLAIM_SECONDS = 30
 
 
+def live_workers(conn: redis.Redis, queue: str) -> list[str]:
+    """Listed workers whose liveness key exists: the workers serving the queue now."""
+    members: set[bytes] = conn.smembers(workers_key(queue))  # type: ignore[assignment]
+    return sorted(w.decode() for w in members if conn.exists(liveness_key(queue, w.decode())))
+
+
 def dead_workers(conn: redis.Redis, queue: str) -> list[str]:
     """Listed workers whose liveness key is gone: dead, or stopped longer than its TTL."""
     members: set[bytes] = conn.smembers(workers_key(queue))  # type: ignore[assignment]

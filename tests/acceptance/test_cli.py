@@ -82,6 +82,8 @@ def test_submit_then_collect_as_json(stack, service_env, tmp_path: Path) -> None
 
     table = callgate("collect", turn["turn_id"], "--timeout", "1", env=service_env)
     assert table.returncode == 0 and "c-1" in table.stdout and "succeeded" in table.stdout
+    # The table shows the tool's own data, not the envelope around it.
+    assert '"city": "Seoul"' in table.stdout and "untrusted_tool_output" not in table.stdout
 
     trace = callgate("trace", turn["turn_id"], "--json", env=service_env)
     events = {(e["call_id"], e["event"]) for e in json.loads(trace.stdout)}
@@ -99,6 +101,11 @@ def test_collect_names_pending_calls_on_timeout(service_env, tmp_path: Path) -> 
     col = callgate("collect", turn_id, "--timeout", "0.3", "--json", env=service_env)  # no workers
     doc = json.loads(col.stdout)
     assert doc["complete"] is False and doc["results"] == [] and doc["pending"] == ["p-1"]
+    # Incomplete is not success, and with no worker on the queue it says what is missing.
+    assert col.returncode == 3, col.stderr
+    assert "no live worker serves queue" in col.stderr and "callgate worker" in col.stderr
+    table = callgate("collect", turn_id, "--timeout", "0.3", env=service_env)
+    assert table.returncode == 3 and "INCOMPLETE" in table.stdout and "p-1" in table.stdout
 
 
 def test_unreadable_json_is_one_clear_line(service_env, tmp_path: Path) -> None:

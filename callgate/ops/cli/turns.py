@@ -4,6 +4,7 @@ its results, read its ``trace``; ``tools`` prints what a model may be shown."""
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any, TextIO
 
 import click
@@ -121,18 +122,24 @@ def _report_no_calls(as_json: bool) -> None:
 @click.option(
     "--full",
     is_flag=True,
-    help=f"Show each data or error value whole in the table (default: cut after "
-    f"{CELL_WIDTH} characters, ending in …(+N chars)). --json is always whole.",
+    help=f"Show each value whole in the table (default: cut after {CELL_WIDTH} characters, "
+    "ending in …(+N chars)). The table shows a result's content, the tool's own data; --json "
+    "shows the whole envelope a model sees, never cut.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Machine-readable output.")
 def collect_cmd(
     turn_id: str, timeout: float, provider: str | None, full: bool, as_json: bool
 ) -> None:
-    """Wait for a turn's results, joined by call id; name the calls still pending."""
+    """Wait for a turn's results, joined by call id; name the calls still pending.
+
+    Exits 0 when every call has its result, 3 when some are still pending or wait for an
+    approval (the results so far are printed either way), and says so when no live worker
+    serves the queue."""
     check_timeout(timeout, "--timeout")
     producer = Producer.from_env()
     try:
         collected = producer.collect(turn_id, timeout)
+        workers = [] if collected.complete else producer.live_workers()
     finally:
         producer.close()
     if provider:
@@ -141,10 +148,19 @@ def collect_cmd(
     doc = collected.as_json()
     if as_json:
         click.echo(json.dumps(doc))
+    else:
+        click.echo(f"turn {doc['turn_id']}: {'complete' if doc['complete'] else 'INCOMPLETE'}")
+        rows = collect_rows(doc, dict(collected.proposals), width=None if full else CELL_WIDTH)
+        table(["call_id", "tool_name", "status", "data | error"], rows)
+    if collected.complete:
         return
-    click.echo(f"turn {doc['turn_id']}: {'complete' if doc['complete'] else 'INCOMPLETE'}")
-    rows = collect_rows(doc, dict(collected.proposals), width=None if full else CELL_WIDTH)
-    table(["call_id", "tool_name", "status", "data | error"], rows)
+    if doc["pending"] and not workers:
+        click.echo(
+            f"callgate: no live worker serves queue {producer.settings.queue!r}: nothing runs "
+            "the pending calls until one starts (`callgate worker`, or `callgate up`)",
+            err=True,
+        )
+    sys.exit(INCOMPLETE_EXIT)
 
 
 def collect_rows(
@@ -157,7 +173,7 @@ def collect_rows(
             "call_id": r["call_id"],
             "tool_name": r["tool_name"],
             "status": r["status"],
-            "data | error": _cut(json.dumps(r.get("data") or r.get("error")), width),
+            "data | error": _cut(json.dumps(_shown(r)), width),
         }
         for r in doc["results"]
     ]
@@ -175,6 +191,19 @@ def collect_rows(
         for c, approval_id in doc["awaiting_approval"].items()
     ]
     return rows
+
+
+def _shown(result: dict[str, Any]) -> Any:
+    """What a result's cell shows: a success's content (the tool's own data, not the trust
+    envelope around it), a failure's error."""
+    data = result.get("data")
+    if isinstance(data, dict) and "content" in data and "trust" in data:
+        return data["content"]
+    return data if data is not None else result.get("error")
+
+
+# `collect`'s exit status for a turn with calls still pending or parked for an approval.
+INCOMPLETE_EXIT = 3
 
 
 def _cut(value: str, width: int | None) -> str:
