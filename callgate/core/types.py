@@ -26,6 +26,9 @@ class ProposedCall(_Frozen):
     call_id: str = Field(min_length=1, max_length=200)
     tool_name: str = Field(min_length=1, max_length=200)
     arguments: dict[str, Any] | str  # a str is raw JSON still to be parsed by the gate
+    # The application's name for this write (its retry, or the same write proposed again in
+    # another turn, reuses the first result); a model never supplies it. None: one is made.
+    operation_id: str | None = Field(default=None, min_length=1, max_length=200)
 
 
 class CallContext(_Frozen):

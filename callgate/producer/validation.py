@@ -78,7 +78,28 @@ def check_submission(
         )
     ctx = check_context(context)
     calls = [check_call(p, i, limits) for i, p in enumerate(proposals)]
-    return Submission(calls=calls, context=ctx, operation_ids=check_operation_ids(operation_ids))
+    return Submission(calls=calls, context=ctx, operation_ids=_operation_ids(calls, operation_ids))
+
+
+def _operation_ids(
+    calls: list[ProposedCall], operation_ids: Mapping[str, str] | None
+) -> dict[str, str]:
+    """The turn's operation ids: ``operation_ids`` by call id, and each proposal's own
+    ``operation_id``; a call named both ways must be named the same."""
+    ids = check_operation_ids(operation_ids)
+    for call in calls:
+        if call.operation_id is None:
+            continue
+        where = f"call '{values.printable(call.call_id)}'"
+        check_id(call.operation_id, f"{where}: operation_id")
+        given = ids.get(call.call_id)
+        if given is not None and given != call.operation_id:
+            raise InputError(
+                f"{where}: its proposal's operation_id and operation_ids name two different "
+                "operations; give one"
+            )
+        ids[call.call_id] = call.operation_id
+    return ids
 
 
 def check_context(context: CallContext | Mapping[str, Any]) -> CallContext:

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import subprocess
+import uuid
 from pathlib import Path
 
 import pytest
+from sqlalchemy import text
 
 from tests.acceptance.conftest import SUPPORT_A, callgate
 
@@ -143,3 +145,52 @@ def test_unset_database_is_one_clear_line(service_env) -> None:
     env = {**service_env, "CALLGATE_DATABASE_URL": ""}
     proc = callgate("collect", "00000000-0000-0000-0000-000000000000", env=env)
     _one_clear_line(proc, "invalid_configuration")
+
+
+def test_the_same_write_in_two_turns_under_one_operation_id_runs_once(
+    stack, service_env, engine, tmp_path: Path
+) -> None:
+    """A model that lost a refund's result proposes it again in the next turn, under a new
+    call id. The application names the refund's operation in its proposals file: the second
+    turn gets the first refund's result and the payment is refunded once."""
+    stack(workers=1)
+    ctx = tmp_path / "ctx.json"
+    ctx.write_text(json.dumps(SUPPORT_A))
+    operation = f"refund-O-17-{uuid.uuid4().hex[:8]}"
+    refund = {"order_id": "O-17", "amount": 3, "currency": "KRW"}
+    results = []
+    for call_id in ("turn1-refund", "turn2-refund"):
+        proposal = {
+            "call_id": call_id,
+            "tool_name": "refund_payment",
+            "arguments": refund,
+            "operation_id": operation,
+        }
+        sub = callgate(
+            "submit", "--context", str(ctx), "--json", env=service_env, stdin=json.dumps([proposal])
+        )
+        assert sub.returncode == 0, sub.stderr
+        (call,) = json.loads(sub.stdout)["calls"]
+        assert call["operation_id"] == operation
+        col = callgate(
+            "collect",
+            json.loads(sub.stdout)["turn_id"],
+            "--timeout",
+            "30",
+            "--json",
+            env=service_env,
+        )
+        assert col.returncode == 0, col.stderr
+        (result,) = json.loads(col.stdout)["results"]
+        assert result["status"] == "succeeded", result
+        results.append(result["data"]["content"])
+    assert results[0]["refund_id"] == results[1]["refund_id"]
+    with engine.connect() as conn:
+        applied = conn.execute(
+            text(
+                "SELECT count(*) FROM downstream.side_effects s JOIN callgate.operations o"
+                " ON o.idempotency_key = s.idempotency_key WHERE o.operation_id = :op"
+            ),
+            {"op": operation},
+        ).scalar_one()
+    assert applied == 1

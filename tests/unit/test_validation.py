@@ -287,3 +287,34 @@ def test_checks_raise_only_input_errors(arguments: Any, call_id: str, user_id: s
     # What passes holds no character PostgreSQL refuses, in any key or string.
     stored = json.dumps(checked.calls[0].arguments, ensure_ascii=False)
     assert values.unstorable(stored) is None
+
+
+PROPOSED_REFUND = {"call_id": "c1", "tool_name": "refund_payment", "arguments": {"order_id": "A-1"}}
+
+
+def test_a_proposal_may_name_its_own_operation() -> None:
+    limits = LIMITS
+    checked = check_submission(
+        [{**PROPOSED_REFUND, "operation_id": "refund-A-1"}], CTX, None, limits=limits
+    )
+    assert checked.operation_ids == {"c1": "refund-A-1"}
+    (planned,) = plan(checked.calls, checked.context, demo_registry(), checked.operation_ids)
+    assert planned.operation_id == "refund-A-1"
+    # The same id both ways is one name; two different ones are refused, naming neither.
+    same = check_submission(
+        [{**PROPOSED_REFUND, "operation_id": "refund-A-1"}],
+        CTX,
+        {"c1": "refund-A-1"},
+        limits=limits,
+    )
+    assert same.operation_ids == {"c1": "refund-A-1"}
+    with pytest.raises(InputError, match="two different operations") as refused:
+        check_submission(
+            [{**PROPOSED_REFUND, "operation_id": "refund-A-1"}],
+            CTX,
+            {"c1": "refund-B-2"},
+            limits=limits,
+        )
+    assert "refund-A-1" not in refused.value.message and "refund-B-2" not in refused.value.message
+    with pytest.raises(InputError, match="operation_id"):
+        check_submission([{**PROPOSED_REFUND, "operation_id": "bad\nid"}], CTX, None, limits=limits)

@@ -21,6 +21,12 @@ class Proposal(BaseModel):
     call_id: str = Field(description="The provider's tool call id")
     tool_name: str
     arguments: dict[str, Any] | str = Field(description="An object, or its JSON text")
+    operation_id: str | None = Field(
+        default=None,
+        description="The application's id for this write: the same id again (a retry, or the "
+        "same write proposed in another turn) reuses the first result instead of running it "
+        "again. Without one, an id is made (from the Idempotency-Key, if given).",
+    )
 
 
 class SubmittedCall(BaseModel):

@@ -126,6 +126,9 @@ def _operation_ids(proposals: list[Any], principal: KeyHolder, idem: str) -> dic
     for p in proposals:
         call_id = p.get("call_id") if isinstance(p, dict) else getattr(p, "call_id", None)
         tool = p.get("tool_name") if isinstance(p, dict) else getattr(p, "tool_name", None)
+        own = p.get("operation_id") if isinstance(p, dict) else getattr(p, "operation_id", None)
+        if own is not None:
+            continue  # the application named this operation itself
         try:
             check_id(call_id, "call id")
         except InputError:
