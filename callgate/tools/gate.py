@@ -186,8 +186,15 @@ def check_authorized(tool: Tool, args: Arguments, facts: Facts, principal: Princ
 def assess_risk(
     tool: Tool, args: Arguments, facts: Facts, principal: Principal
 ) -> dict[str, Any] | None:
-    """Step 6: the server-computed impact when the call needs an approval, else ``None``."""
-    return tool.risk(args, facts, principal) if tool.risk is not None else None
+    """Step 6: the server-computed impact when the call needs an approval, else ``None``.
+    The approver is told whether it can be undone: the tool's declared effect, unless its
+    risk policy says so itself."""
+    if tool.risk is None:
+        return None
+    impact = tool.risk(args, facts, principal)
+    if impact is None or "reversible" in impact:
+        return impact
+    return {**impact, "reversible": tool.effect.reversible}
 
 
 def schema_details(exc: ValidationError) -> list[dict[str, Any]]:

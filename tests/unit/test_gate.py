@@ -179,3 +179,34 @@ def test_json_pointer_escapes_tilde_and_slash() -> None:
 
 def test_json_pointer_of_root_is_empty() -> None:
     assert gate.json_pointer([]) == ""
+
+
+def test_an_approver_is_told_whether_the_write_can_be_undone() -> None:
+    """The impact an approver reads says reversible or not: the tool's declared effect when
+    its risk policy does not say; the policy's own word when it does."""
+    from callgate.tools.gate import assess_risk
+    from callgate.tools.registry import Facts, Principal, SideEffect, Tool
+
+    schema = {"type": "object", "properties": {}, "additionalProperties": False}
+
+    def tool(reversible: bool, impact: dict[str, Any] | None) -> Tool:
+        return Tool(
+            "archive",
+            "Archive a thread.",
+            schema,
+            "write",
+            lambda args, ctx: {},
+            effect=SideEffect(idempotent=True, reversible=reversible),
+            risk=lambda args, facts, who: impact,
+        )
+
+    who = Principal("t", "u", ("support",))
+    facts = Facts(canonical={})
+    assert assess_risk(tool(True, {"threads": 3}), {}, facts, who) == {
+        "threads": 3,
+        "reversible": True,
+    }
+    assert assess_risk(tool(False, {"threads": 3}), {}, facts, who)["reversible"] is False
+    stated = {"threads": 3, "reversible": False}
+    assert assess_risk(tool(True, stated), {}, facts, who) == stated
+    assert assess_risk(tool(True, None), {}, facts, who) is None
