@@ -44,6 +44,14 @@ def test_every_command_has_help(command: str) -> None:
     assert proc.returncode == 0 and "Usage: callgate" in proc.stdout
 
 
+def test_version_is_the_installed_packages() -> None:
+    from importlib import metadata
+
+    proc = callgate("--version")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == f"callgate {metadata.version('callgate')}"
+
+
 def test_submit_then_collect_as_json(stack, service_env, tmp_path: Path) -> None:
     stack(workers=1)
     ctx = tmp_path / "ctx.json"

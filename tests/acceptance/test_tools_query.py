@@ -90,6 +90,12 @@ def test_the_cli_refuses_a_bad_top_in_one_line(database_url: str, top: str) -> N
     assert "--top" in line
 
 
+def test_the_cli_refuses_a_role_the_allowlist_does_not_name(database_url: str) -> None:
+    # A misspelt role printed [] and exited 0, as if the role could call nothing.
+    line = one_line(tools("--role", "supprt", database_url=database_url), "invalid_input")
+    assert "'supprt'" in line and "support" in line and "viewer" in line
+
+
 def test_the_cli_refuses_top_without_query(database_url: str) -> None:
     line = one_line(
         tools("--role", "support", "--top", "3", database_url=database_url), "invalid_input"

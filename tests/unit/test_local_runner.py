@@ -101,7 +101,10 @@ def test_a_call_needing_approval_waits_then_runs_once_approved() -> None:
     before = RUNS["refund"]
     runner = LocalRunner(REGISTRY)
     parked = runner.call("refund", {"order_id": "o1", "amount": 80}, principal=ALICE)
-    assert isinstance(parked, AwaitingApproval) and parked.impact == {"amount": 80, "reversible": False}
+    assert isinstance(parked, AwaitingApproval) and parked.impact == {
+        "amount": 80,
+        "reversible": False,
+    }
     assert RUNS["refund"] == before
     own = runner.call(
         "refund", {"order_id": "o1", "amount": 80}, principal=ALICE, approved_by="alice"

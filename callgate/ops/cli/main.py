@@ -52,6 +52,7 @@ class _Commands(click.Group):
 
 
 @click.group(cls=_Commands, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="callgate", message="%(prog)s %(version)s")
 @setting_option("--log-level", variable="CALLGATE_LOG_LEVEL")
 @setting_option(
     "--log-format", variable="CALLGATE_LOG_FORMAT", type=click.Choice(["auto", "json", "text"])

@@ -9,6 +9,7 @@ from typing import Any, TextIO
 
 import click
 
+from callgate.core import values
 from callgate.core.errors import InputError, ServiceUnavailable
 from callgate.ops.cli.common import SURFACES, checked_engine, load_settings, read_json, table
 from callgate.producer import Producer, intake
@@ -294,6 +295,14 @@ def tools_cmd(
         catalog = tool_catalog.for_producer(engine, settings)
     finally:
         engine.dispose()
+    unknown = sorted(set(roles) - set(catalog.allowlist))
+    if unknown:
+        # A misspelt role would print an empty list, as if the role could call nothing.
+        known = ", ".join(sorted(catalog.allowlist)) or "none"
+        raise InputError(
+            f"no role named {', '.join(repr(values.printable(r)) for r in unknown)} in the "
+            f"allowlist (CALLGATE_ALLOWLIST, or the registry's own); its roles: {known}"
+        )
     if query is None:
         definitions = catalog.definitions_for(roles)
     else:
