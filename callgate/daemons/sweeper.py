@@ -326,12 +326,15 @@ def _recover_worker(
     # Only what was read above is removed (not the whole hash): a worker that was only slow
     # (stopped, paused) may wake up meanwhile and take more, and those stay listed.
     deliveries.forget_taken(conn, queue.name, worker, taken)
-    log.warning(
-        "worker %s stopped beating: re-dispatched %d of the %d call(s) it had taken",
-        worker,
-        len(again),
-        len(refs),
-    )
+    if refs:
+        log.warning(
+            "worker %s stopped beating: re-dispatched %d of the %d call(s) it had taken",
+            worker,
+            len(again),
+            len(refs),
+        )
+    else:
+        log.info("worker %s stopped beating; it held no call", worker)
     return again
 
 

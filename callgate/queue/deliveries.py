@@ -245,11 +245,15 @@ class Liveness:
         with self.redis.pipeline(transaction=False) as pipe:
             if returned:
                 pipe.hdel(taken, *returned)
-            pipe.delete(liveness_key(self.queue, self.name))
             pipe.hlen(taken)
             left = pipe.execute()[-1]
-        if left == 0:
-            self.redis.srem(workers_key(self.queue), self.name)
+        # Unlisted before its liveness key goes: a sweeper never finds a worker that left
+        # cleanly listed without one (it would recover nothing, and log a dead worker).
+        with self.redis.pipeline(transaction=False) as pipe:
+            if left == 0:
+                pipe.srem(workers_key(self.queue), self.name)
+            pipe.delete(liveness_key(self.queue, self.name))
+            pipe.execute()
         self.redis.connection_pool.disconnect()
 
 

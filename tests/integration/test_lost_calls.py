@@ -242,3 +242,29 @@ def _turn_of(engine: Engine, ref: uuid.UUID) -> str:
                 text("SELECT turn_id FROM callgate.calls WHERE id = :r"), {"r": ref}
             ).scalar_one()
         )
+
+
+def test_a_worker_that_leaves_cleanly_is_unlisted_before_its_liveness_key_goes(
+    producer: Producer, queue_name: str, redis_url: str
+) -> None:
+    """Otherwise a sweep in between finds it listed and not alive: a dead worker to recover,
+    and a warning that it stopped beating, for a worker that only stopped."""
+    liveness = deliveries.Liveness(producer.redis, queue_name, "leaving")
+    liveness.start()
+    alive = deliveries.liveness_key(queue_name, "leaving")
+    listed = deliveries.workers_key(queue_name)
+    assert producer.redis.exists(alive) and producer.redis.sismember(listed, "leaving")
+    watcher = redis.Redis.from_url(redis_url)
+    commands: list[str] = []
+    with watcher.monitor() as monitor:
+        liveness.stop([])
+        for event in monitor.listen():
+            command = event["command"]
+            if alive in command or listed in command:
+                commands.append(command.split()[0].upper())
+            if command.startswith("DEL") and alive in command:
+                break
+    watcher.close()
+    assert commands.index("SREM") < commands.index("DEL"), commands
+    assert not producer.redis.exists(alive)
+    assert not producer.redis.sismember(listed, "leaving")
