@@ -9,7 +9,7 @@ Postgres), so an approval can never bypass an earlier layer.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from jsonschema import Draft202012Validator
@@ -175,6 +175,31 @@ def check_business(tool: Tool, args: Arguments, facts: Facts, principal: Princip
     """Step 4: is this value possible in the current server state?"""
     if tool.validate is not None:
         tool.validate(args, facts, principal)
+
+
+def resolve_facts(
+    tool: Tool,
+    args: Arguments,
+    principal: Principal,
+    attempt: Callable[[Callable[[], Facts]], Facts] = lambda read: read(),
+) -> Facts:
+    """Step 4: the status lookup behind the intent and the business and authorization layers
+    (``tool.resolve``), run by ``attempt`` (the worker retries a dropped connection). A lookup
+    that refuses raises its own ``ToolError``; one that fails otherwise could not read the
+    resource's state, and the same call may work later: ``upstream_unavailable``,
+    retryable, with the failure as its cause. The worker and ``LocalRunner`` both call this,
+    so a failing lookup ends a call the same way in both."""
+    if tool.resolve is None:
+        return Facts()
+    resolve = tool.resolve
+    try:
+        return attempt(lambda: resolve(args, principal))
+    except ToolError:
+        raise
+    except Exception as exc:
+        raise ToolError(
+            "could not read the resource's current state", code=ErrorCode.UPSTREAM_UNAVAILABLE
+        ) from exc
 
 
 def check_authorized(tool: Tool, args: Arguments, facts: Facts, principal: Principal) -> None:

@@ -272,19 +272,14 @@ def _check_call(d: _Delivery) -> tuple[Tool, Arguments]:
 
 
 def _resolve(tool: Tool, args: Arguments, principal: Principal, settings: Settings) -> Facts:
-    """The status lookup behind the intent and the business and authorization layers."""
-    if tool.resolve is None:
-        return Facts()
-    resolve = tool.resolve
+    """The status lookup behind the intent and the business and authorization layers, with
+    a dropped connection retried within the call's budget."""
     try:
-        return retry.lookup(lambda: resolve(args, principal), settings)
-    except ToolError:
+        return gate.resolve_facts(tool, args, principal, lambda read: retry.lookup(read, settings))
+    except ToolError as err:
+        if err.__cause__ is not None and not isinstance(err.__cause__, ToolError):
+            log.warning("status lookup for %s failed: %s", tool.name, err.__cause__)
         raise
-    except Exception as exc:  # the lookup's service failed; the same call may work later
-        log.warning("status lookup for %s failed: %s", tool.name, exc)
-        raise ToolError(
-            "could not read the resource's current state", code=ErrorCode.UPSTREAM_UNAVAILABLE
-        ) from exc
 
 
 def _settle_approval(

@@ -26,7 +26,7 @@ from callgate.core.errors import CallgateError, ErrorCode, ToolError
 from callgate.core.types import FailedRetryable, FailedTerminal, Succeeded
 from callgate.tools import gate, results
 from callgate.tools.intent import idempotency_key
-from callgate.tools.registry import ExecutionContext, Facts, Principal, Registry
+from callgate.tools.registry import ExecutionContext, Principal, Registry
 from callgate.worker import aio
 
 # A first delivery reserves generation 0 → 1: its fencing token.
@@ -72,7 +72,7 @@ class LocalRunner:
         try:
             tool = gate.check_allowed(self.registry, tool_name, who.roles)
             args = gate.validate_arguments(tool, gate.parse_arguments(arguments))
-            facts = tool.resolve(args, who) if tool.resolve is not None else Facts()
+            facts = gate.resolve_facts(tool, args, who)
             gate.check_business(tool, args, facts, who)
             gate.check_authorized(tool, args, facts, who)
             impact = gate.assess_risk(tool, args, facts, who)
