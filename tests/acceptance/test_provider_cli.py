@@ -152,3 +152,35 @@ def test_tools_for_a_role_in_each_surface_form(service_env):
             "get_weather",
             "read_email",
         ], surface
+
+
+def test_an_invented_tool_ends_alone_and_the_real_call_runs(tmp_path, service_env, stack):
+    """A model invents a tool beside a real call: the turn is recorded, the real call runs,
+    the invented one ends unknown_tool (the whole response used to be refused, exit 2)."""
+    stack(workers=1)
+    response = {
+        **ANTHROPIC_RESPONSE,
+        "content": [
+            ANTHROPIC_RESPONSE["content"][1],
+            {"type": "tool_use", "id": "toolu_x", "name": "transfer_funds", "input": {"to": "x"}},
+        ],
+    }
+    sub = callgate(
+        "submit",
+        "--context",
+        _context(tmp_path),
+        "--provider",
+        "anthropic-messages",
+        "--json",
+        "-",
+        env=service_env,
+        stdin=json.dumps(response),
+    )
+    assert sub.returncode == 0, sub.stderr
+    turn = json.loads(sub.stdout)
+    col = callgate("collect", turn["turn_id"], "--timeout", "30", "--json", env=service_env)
+    assert col.returncode == 0, col.stderr
+    results = {r["call_id"]: r for r in json.loads(col.stdout)["results"]}
+    assert results["toolu_w"]["status"] == "succeeded"
+    assert results["toolu_x"]["status"] == "failed_terminal"
+    assert results["toolu_x"]["error"]["code"] == "unknown_tool"

@@ -119,8 +119,10 @@ def read_proposals(
     response object. A final answer with no calls gives ``[]``. Every inbound fault raises an
     ``AdapterError`` before anything is returned: ``invalid_provider_envelope``,
     ``missing_tool_calls``, ``malformed_tool_calls``, ``invalid_arguments_json``,
-    ``duplicate_call_id``, ``unknown_tool`` (a name not in ``known_tools`` after the
-    reverse name mapping of ``callgate.producer.adapters.names``), ``invalid_tool_call_field``.
+    ``duplicate_call_id``, ``unknown_tool`` (a name that is no canonical spelling of any tool
+    name under ``callgate.producer.adapters.names``), ``invalid_tool_call_field``. A
+    well-formed name not in ``known_tools`` (a tool the model invented) is proposed as it is:
+    the gate ends that call alone with ``unknown_tool``, and the response's other calls run.
     Arguments come back as a parsed JSON object. A response that never finished — a null
     stop/finish reason or status, as in an SDK stream helper's snapshot of a cut-off stream
     (``get_final_message()``, ``get_final_completion()``) or an SDK object without one — is

@@ -205,10 +205,20 @@ def proposal(
     decode_name: Callable[[str], str | None],
     missing_arguments_is_empty: bool = False,
 ) -> ProposedCall:
-    """One ProposedCall, checked in this order: name, known tool, arguments, id."""
+    """One ProposedCall, checked in this order: name, arguments, id.
+
+    A name that is no canonical spelling of any tool name on this surface (it decodes to
+    nothing) refuses the whole response with ``unknown_tool``: only a name's one canonical
+    spelling may reach the gate. A well-formed name that is not in ``known_tools`` (a model
+    inventing a tool) is proposed as it is, and the gate ends that call alone with
+    ``unknown_tool``: the response's other calls still run."""
     name = text(wire_name, "tool name", f"{path}.name", max_length=10_000)
     tool_name = decode_name(name)
-    if tool_name is None or tool_name not in known_tools:
+    if tool_name is None:
+        fail(ErrorCode.UNKNOWN_TOOL, f"the model called an unknown tool {show(name)}", path)
+    if tool_name not in known_tools and (
+        len(tool_name) > MAX_ID_LENGTH or values.unstorable(tool_name) is not None
+    ):
         fail(ErrorCode.UNKNOWN_TOOL, f"the model called an unknown tool {show(name)}", path)
     args = arguments(
         raw_arguments, f"{path}.arguments", missing_is_empty=missing_arguments_is_empty

@@ -177,13 +177,24 @@ INBOUND_NEGATIVES: list[tuple[str, str, dict[str, Any], str]] = [
         "missing_tool_calls",
     ),
     (
-        "unknown tool",
-        "anthropic-messages",
+        "a name that is no canonical spelling",
+        "openai-chat",
         {
-            "stop_reason": "tool_use",
-            "content": [
-                {"type": "tool_use", "id": "call-x", "name": "delete_everything", "input": {}}
-            ],
+            "choices": [
+                {
+                    "finish_reason": "tool_calls",
+                    "message": {
+                        "role": "assistant",
+                        "tool_calls": [
+                            {
+                                "id": "call-x",
+                                "type": "function",
+                                "function": {"name": "cg-bad-zz", "arguments": "{}"},
+                            }
+                        ],
+                    },
+                }
+            ]
         },
         "unknown_tool",
     ),

@@ -478,8 +478,6 @@ def test_vertex_streamed_call_beside_a_whole_call_and_text() -> None:
             ],
             "malformed_tool_calls",
         ),
-        # the reassembled call is checked like any other
-        (streamed([arg("$.city", stringValue="Seoul")], name="drop_table"), "unknown_tool"),
         (streamed([arg("$.city", stringValue="\ud83d")]), "invalid_arguments_json"),
     ],
 )

@@ -151,11 +151,21 @@ def test_chat_null_tool_calls_is_a_final_answer() -> None:
         (chat(function_call("", "get_weather", "{}")), "invalid_tool_call_field"),
         (chat(function_call("x" * 201, "get_weather", "{}")), "invalid_tool_call_field"),
         (chat(function_call("c1", "", "{}")), "invalid_tool_call_field"),
-        (chat(function_call("c1", "get_news", "{}")), "unknown_tool"),
     ],
 )
 def test_chat_refusals(response: dict[str, Any], code: str) -> None:
     assert code_of("openai-chat", response) == code
+
+
+def test_an_invented_tool_is_one_proposal_and_the_others_stay() -> None:
+    """A model that invents a tool beside a real call: the response is not refused; the
+    invented one is proposed as it is (the gate ends it alone with unknown_tool)."""
+    response = chat(
+        function_call("c1", "get_weather", '{"city": "Seoul"}'),
+        function_call("c2", "get_news", "{}"),
+    )
+    calls = read_proposals("openai-chat", response, {"get_weather"})
+    assert [(c.call_id, c.tool_name) for c in calls] == [("c1", "get_weather"), ("c2", "get_news")]
 
 
 # --- OpenAI Responses ----------------------------------------------------------------------
