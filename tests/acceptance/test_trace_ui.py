@@ -42,10 +42,10 @@ from tests.acceptance.conftest import SUPPORT_A, wait_until
 
 REPO = Path(__file__).resolve().parents[2]
 PHOENIX = REPO / ".venv-traceui" / "bin" / "phoenix"
+# A read's stages: it takes no reservation (a write's span has that stage too).
 STAGES = {
     tracing.QUEUE_WAIT,
     tracing.GATE,
-    tracing.RESERVATION,
     tracing.HANDLER,
     tracing.COMPLETION,
 }
