@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 from tests.acceptance.conftest import SUPPORT_A, callgate, scalar
@@ -33,19 +34,27 @@ def _context(tmp_path: Path) -> str:
     return str(path)
 
 
-def test_anthropic_response_in_tool_results_out(tmp_path, service_env, stack):
-    stack(workers=2)
-    sub = callgate(
+def _submit(
+    tmp_path: Path, env: dict[str, str], surface: str, body: str, *flags: str
+) -> subprocess.CompletedProcess[str]:
+    """`callgate submit --provider SURFACE [flags] -` with ``body`` on its standard input."""
+    return callgate(
         "submit",
         "--context",
         _context(tmp_path),
         "--provider",
-        "anthropic-messages",
-        "--json",
+        surface,
+        *flags,
         "-",
-        env=service_env,
-        stdin=json.dumps(ANTHROPIC_RESPONSE),
+        env=env,
+        stdin=body,
     )
+
+
+def test_anthropic_response_in_tool_results_out(tmp_path, service_env, stack):
+    stack(workers=2)
+    body = json.dumps(ANTHROPIC_RESPONSE)
+    sub = _submit(tmp_path, service_env, "anthropic-messages", body, "--json")
     assert sub.returncode == 0, sub.stderr
     turn = json.loads(sub.stdout)
     assert [c["call_id"] for c in turn["calls"]] == ["toolu_w", "toolu_s"]
@@ -62,18 +71,7 @@ def test_anthropic_response_in_tool_results_out(tmp_path, service_env, stack):
 def test_a_recorded_openai_stream_is_reassembled_and_answered_in_kind(tmp_path, service_env, stack):
     stack(workers=1)
     events = (RECORDINGS / "openai_chat_stream_recorded_0.json").read_text()
-    sub = callgate(
-        "submit",
-        "--context",
-        _context(tmp_path),
-        "--provider",
-        "openai-chat",
-        "--stream",
-        "--json",
-        "-",
-        env=service_env,
-        stdin=events,
-    )
+    sub = _submit(tmp_path, service_env, "openai-chat", events, "--stream", "--json")
     assert sub.returncode == 0, sub.stderr
     turn = json.loads(sub.stdout)
     (call,) = turn["calls"]
@@ -86,30 +84,11 @@ def test_a_recorded_openai_stream_is_reassembled_and_answered_in_kind(tmp_path, 
 def test_a_malformed_response_is_refused_and_nothing_is_recorded(tmp_path, service_env, engine):
     before = scalar(engine, "SELECT count(*) FROM callgate.turns")
     broken = {"stop_reason": "tool_use", "content": [{"type": "text", "text": "no tool block"}]}
-    sub = callgate(
-        "submit",
-        "--context",
-        _context(tmp_path),
-        "--provider",
-        "anthropic-messages",
-        "-",
-        env=service_env,
-        stdin=json.dumps(broken),
-    )
+    sub = _submit(tmp_path, service_env, "anthropic-messages", json.dumps(broken))
     assert sub.returncode == 2 and "Traceback" not in sub.stderr
     assert sub.stderr.startswith("callgate: missing_tool_calls: ")
     invalid = (RECORDINGS / "anthropic_stream_tool_use_invalid_json_response.json").read_text()
-    sub = callgate(
-        "submit",
-        "--context",
-        _context(tmp_path),
-        "--provider",
-        "anthropic-messages",
-        "--stream",
-        "-",
-        env=service_env,
-        stdin=invalid,
-    )
+    sub = _submit(tmp_path, service_env, "anthropic-messages", invalid, "--stream")
     assert sub.returncode == 2 and sub.stderr.startswith("callgate: invalid_arguments_json: ")
     assert scalar(engine, "SELECT count(*) FROM callgate.turns") == before
 
@@ -119,16 +98,7 @@ def test_a_final_answer_records_nothing(tmp_path, service_env, engine):
     final = {
         "choices": [{"finish_reason": "stop", "message": {"role": "assistant", "content": "Hi"}}]
     }
-    sub = callgate(
-        "submit",
-        "--context",
-        _context(tmp_path),
-        "--provider",
-        "openai-chat",
-        "-",
-        env=service_env,
-        stdin=json.dumps(final),
-    )
+    sub = _submit(tmp_path, service_env, "openai-chat", json.dumps(final))
     assert sub.returncode == 0 and "nothing recorded" in sub.stdout
     assert scalar(engine, "SELECT count(*) FROM callgate.turns") == before
 
@@ -165,17 +135,7 @@ def test_an_invented_tool_ends_alone_and_the_real_call_runs(tmp_path, service_en
             {"type": "tool_use", "id": "toolu_x", "name": "transfer_funds", "input": {"to": "x"}},
         ],
     }
-    sub = callgate(
-        "submit",
-        "--context",
-        _context(tmp_path),
-        "--provider",
-        "anthropic-messages",
-        "--json",
-        "-",
-        env=service_env,
-        stdin=json.dumps(response),
-    )
+    sub = _submit(tmp_path, service_env, "anthropic-messages", json.dumps(response), "--json")
     assert sub.returncode == 0, sub.stderr
     turn = json.loads(sub.stdout)
     col = callgate("collect", turn["turn_id"], "--timeout", "30", "--json", env=service_env)

@@ -15,18 +15,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-import redis
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, text
 
 from callgate.core.errors import ConfigurationError
-from callgate.core.settings import Settings
 from callgate.producer import Producer
-from callgate.queue import transport
-from callgate.store import db
 from callgate.tools.registry import Downstream, ExecutionContext, Registry, SideEffect, Tool
 from callgate.worker import executor
 from callgate.worker.runtime import Runtime
+from tests.integration.worlds import in_process
 
 CONTEXT = {"request_id": "req-keys", "tenant_id": "t1", "user_id": "u1", "roles": ["support"]}
 DAY = 24 * 3600.0
@@ -101,15 +98,6 @@ class World:
 
 
 def _world(database_url: str, redis_url: str, queue_name: str, *, lookup: bool) -> World:
-    settings = Settings.from_env(
-        {
-            "CALLGATE_DATABASE_URL": database_url,
-            "CALLGATE_REDIS_URL": redis_url,
-            "CALLGATE_QUEUE": queue_name,
-            "CALLGATE_LEASE_SECONDS": "1",
-            "CALLGATE_RETRY_ATTEMPTS": "1",  # the drop is not retried in place: a takeover
-        }
-    )
     gateway = Gateway()
     tool = Tool(
         "charge",
@@ -121,18 +109,13 @@ def _world(database_url: str, redis_url: str, queue_name: str, *, lookup: bool) 
         downstream=Downstream(idempotency_keys=True, keys_kept_seconds=DAY),
         lookup=gateway.find if lookup else None,
     )
-    registry = Registry.of([tool], {"support": ["charge"]})
-    engine = db.create(database_url, pool_size=4)
-    connection = transport.connect(redis_url)
-    rt = Runtime(
-        settings=settings,
-        engine=engine,
-        redis=redis.Redis.from_url(redis_url),
-        queue=transport.job_queue(connection, settings.queue),
-        registry=registry,
-    )
-    producer = Producer(
-        settings=settings, engine=engine, redis_connection=connection, registry=registry
+    rt, producer, engine = in_process(
+        database_url,
+        redis_url,
+        queue_name,
+        Registry.of([tool], {"support": ["charge"]}),
+        CALLGATE_LEASE_SECONDS="1",
+        CALLGATE_RETRY_ATTEMPTS="1",  # the drop is not retried in place: a takeover
     )
     return World(engine, rt, producer, gateway)
 

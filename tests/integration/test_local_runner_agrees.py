@@ -10,15 +10,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import redis
 from pydantic import BaseModel, ConfigDict
 from sqlalchemy import Engine, text
 
 from callgate.core.errors import ErrorCode, ToolError
-from callgate.core.settings import Settings
-from callgate.producer import Producer
-from callgate.queue import transport
-from callgate.store import db
 from callgate.testing import LocalRunner
 from callgate.tools.registry import (
     READ_ONLY,
@@ -31,7 +26,7 @@ from callgate.tools.registry import (
     Tool,
 )
 from callgate.worker import executor
-from callgate.worker.runtime import Runtime
+from tests.integration.worlds import in_process
 
 WHO = Principal("t1", "u1", ("support",))
 CONTEXT = {"request_id": "req-agree", "tenant_id": "t1", "user_id": "u1", "roles": ["support"]}
@@ -119,25 +114,9 @@ CASES: list[tuple[str, str, dict[str, Any] | str, dict[str, Any]]] = [
 
 @pytest.fixture
 def worker_side(database_url: str, redis_url: str, queue_name: str) -> Iterator[Any]:
-    settings = Settings.from_env(
-        {
-            "CALLGATE_DATABASE_URL": database_url,
-            "CALLGATE_REDIS_URL": redis_url,
-            "CALLGATE_QUEUE": queue_name,
-            "CALLGATE_RETRY_ATTEMPTS": "1",
-        }
+    rt, producer, engine = in_process(
+        database_url, redis_url, queue_name, registry(), CALLGATE_RETRY_ATTEMPTS="1"
     )
-    reg = registry()
-    engine = db.create(database_url, pool_size=4)
-    connection = transport.connect(redis_url)
-    rt = Runtime(
-        settings=settings,
-        engine=engine,
-        redis=redis.Redis.from_url(redis_url),
-        queue=transport.job_queue(connection, settings.queue),
-        registry=reg,
-    )
-    producer = Producer(settings=settings, engine=engine, redis_connection=connection, registry=reg)
     yield rt, producer, engine
     engine.dispose()
 
