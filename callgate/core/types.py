@@ -29,6 +29,9 @@ class ProposedCall(_Frozen):
     # The application's name for this write (its retry, or the same write proposed again in
     # another turn, reuses the first result); a model never supplies it. None: one is made.
     operation_id: str | None = Field(default=None, min_length=1, max_length=200)
+    # The application says this write is meant again in its conversation (a second refund the
+    # user asked for): not refused as a repeat of an earlier one. A model never supplies it.
+    repeat: bool = False
 
 
 class CallContext(_Frozen):

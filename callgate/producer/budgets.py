@@ -8,8 +8,12 @@
 - A write proposed twice in one turn with the same tool and the same arguments runs once:
   the second ends ``repeated_call`` naming the first. Two identical writes in one response
   are almost always a model repeating itself, and running both would apply the effect
-  twice. (To make the same write twice on purpose, propose it in two turns.) Identical
-  reads both run: reading twice changes nothing.
+  twice. Identical reads both run: reading twice changes nothing.
+- A write proposed again in a conversation (same tool, same arguments) while an earlier one
+  of the conversation succeeded or has not ended ends ``repeated_call`` naming it: a model
+  that lost a result proposes the write again, and running it would apply it twice. Under
+  the earlier call's operation id it is no repeat (it gets that result); a proposal the
+  application marks ``repeat=True`` (a second refund the user asked for) runs.
 """
 
 from __future__ import annotations
@@ -52,6 +56,13 @@ def apply_budgets(
                 "failed_before",
                 "different arguments or another action: this exact call already failed",
             )
+        elif p.kind == "write" and (earlier := _earlier_write(p, facts)) is not None:
+            refusal = _error(
+                ErrorCode.REPEATED_CALL,
+                "done_before",
+                f"one write per action: call '{printable(earlier)}' of this conversation makes "
+                "it (the application may propose it with repeat=true to make it again)",
+            )
         elif p.kind == "write" and (action := (p.proposal.tool_name, p.args_hash)) in first_write:
             refusal = _error(
                 ErrorCode.REPEATED_CALL,
@@ -63,6 +74,16 @@ def apply_budgets(
             first_write.setdefault((p.proposal.tool_name, p.args_hash), p.proposal.call_id)
         decided.append(dataclasses.replace(p, refusal=refusal) if refusal else p)
     return rechain(decided)
+
+
+def _earlier_write(p: PlannedCall, facts: ConversationFacts) -> str | None:
+    """The call id of the conversation's earlier write this one would repeat, if any."""
+    if p.proposal.repeat:
+        return None
+    earlier = facts.writes.get((p.proposal.tool_name, p.args_hash))
+    if earlier is None or earlier[1] == p.operation_id:  # the same operation: its result
+        return None
+    return earlier[0]
 
 
 def _error(code: ErrorCode, detail: str, expected: str) -> dict[str, Any]:

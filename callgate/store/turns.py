@@ -45,6 +45,9 @@ class ConversationFacts:
 
     prior_calls: int
     failed: frozenset[tuple[str, str]]  # (tool_name, args_hash) of calls that failed terminally
+    # (tool_name, args_hash) → (call_id, operation_id) of a write that succeeded or has not
+    # ended yet: the same write proposed again would apply twice.
+    writes: Mapping[tuple[str, str], tuple[str, str]] = field(default_factory=dict)
 
 
 Decide = Callable[[ConversationFacts], Sequence[PlannedCall]]
@@ -56,7 +59,12 @@ SELECT count(*) AS prior_calls,
        coalesce(array_agg(c.tool_name || ':' || c.args_hash)
                 FILTER (WHERE c.state = 'failed_terminal'
                           AND c.result #>> '{error,code}'
-                              NOT IN ('budget_exceeded', 'repeated_call')), '{}') AS failed
+                              NOT IN ('budget_exceeded', 'repeated_call')), '{}') AS failed,
+       coalesce(jsonb_object_agg(c.tool_name || ':' || c.args_hash,
+                                 jsonb_build_array(c.call_id, c.operation_id))
+                FILTER (WHERE c.kind = 'write'
+                          AND c.state IN ('proposed', 'started', 'awaiting_approval',
+                                          'succeeded')), '{}') AS writes
   FROM callgate.calls AS c
   JOIN callgate.turns AS t USING (turn_id)
  WHERE t.conversation_id = :conversation_id AND t.tenant_id = :tenant_id
@@ -277,6 +285,7 @@ def _record_in(
         facts = ConversationFacts(
             row.prior_calls,
             frozenset(_tool_and_hash(f) for f in row.failed),
+            {_tool_and_hash(k): (v[0], v[1]) for k, v in row.writes.items()},
         )
     if decide is not None:
         planned = list(decide(facts))

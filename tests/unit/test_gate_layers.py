@@ -382,3 +382,30 @@ def test_unknown_fields_are_refused_even_when_the_tools_model_would_ignore_them(
     assert {d["code"] for d in both.value.details} == {"missing", "extra_forbidden"}
     # A model that says it takes unknown fields gets them.
     assert gate.validate_arguments(_loose_tool(_Open), {"city": "Seoul", "x": 1})
+
+
+def test_a_write_the_conversation_already_made_is_a_repeated_call_unless_meant() -> None:
+    """A model that lost a refund's result proposes it again in the next turn, under a new
+    call id: it ends repeated_call naming the earlier call, not a second refund. Under the
+    earlier operation id it gets that result; the application's repeat=True runs it."""
+    refund = {"order_id": "O-1", "amount": 1, "currency": "KRW"}
+    done = {("refund_payment", arguments_hash(refund)): ("turn1-refund", "op-first")}
+    facts = ConversationFacts(0, frozenset(), done)
+    again = ProposedCall(call_id="turn2-refund", tool_name="refund_payment", arguments=refund)
+    meant = again.model_copy(update={"call_id": "turn2-meant", "repeat": True})
+    other = ProposedCall(
+        call_id="turn2-other", tool_name="refund_payment", arguments={**refund, "amount": 2}
+    )
+    reads = ProposedCall(call_id="turn2-read", tool_name="get_stock", arguments={"symbol": "X"})
+    out = apply_budgets(
+        plan([again, meant, other, reads], CTX, demo_registry()),
+        facts,
+        turn_budget=9,
+        conversation_budget=99,
+    )
+    codes = [(p.refusal["details"][0]["code"] if p.refusal else None) for p in out]
+    assert codes == ["done_before", None, None, None]
+    assert "turn1-refund" in out[0].refusal["details"][0]["expected"]
+    same_operation = plan([again], CTX, demo_registry(), {"turn2-refund": "op-first"})
+    (reused,) = apply_budgets(same_operation, facts, turn_budget=9, conversation_budget=99)
+    assert reused.refusal is None

@@ -27,6 +27,12 @@ class Proposal(BaseModel):
         "same write proposed in another turn) reuses the first result instead of running it "
         "again. Without one, an id is made (from the Idempotency-Key, if given).",
     )
+    repeat: bool = Field(
+        default=False,
+        description="The application means this write again in its conversation (a second "
+        "refund the user asked for). Without it, a write that repeats one of the "
+        "conversation's that succeeded or has not ended ends repeated_call.",
+    )
 
 
 class SubmittedCall(BaseModel):
