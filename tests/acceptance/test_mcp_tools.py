@@ -384,8 +384,10 @@ def test_callgate_tools_lists_the_mcp_tools_a_role_may_use(mcp_env: dict[str, st
     assert shown.returncode == 0, shown.stderr
     names = {d["name"] for d in json.loads(shown.stdout)}
     assert {"time__get_current_time", "git__git_status", "rec__echo"} <= names
+    # A role the allowlist does not name is refused, not shown an empty list.
     nobody = callgate("tools", "--role", "nobody", env=mcp_env)
-    assert json.loads(nobody.stdout) == []
+    assert nobody.returncode == 2 and nobody.stdout == ""
+    assert nobody.stderr.startswith("callgate: invalid_input: no role named 'nobody'")
 
 
 def test_a_schema_change_is_a_new_version_and_the_gate_uses_it(
