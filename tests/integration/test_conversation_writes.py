@@ -6,7 +6,7 @@ call delivered by the worker's executor; refunds counted in the demo downstream.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -21,8 +21,13 @@ REFUND = {"order_id": "O-17", "amount": 3, "currency": "KRW"}
 
 @pytest.fixture
 def world(
-    database_url: str, redis_url: str, queue_name: str, monkeypatch: pytest.MonkeyPatch
+    make_own_database: Callable[[], str],
+    redis_url: str,
+    queue_name: str,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> Iterator[Any]:
+    # A database of its own: the order's refundable amount is not spent by other tests.
+    database_url = make_own_database()
     # The demo tools' own services read their database from the environment.
     monkeypatch.setenv("CALLGATE_DATABASE_URL", database_url)
     monkeypatch.setenv("CALLGATE_REDIS_URL", redis_url)
