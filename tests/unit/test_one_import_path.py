@@ -42,3 +42,27 @@ def test_the_linter_refuses_the_second_path_too() -> None:
     lint = config["tool"]["ruff"]["lint"]
     assert "TID251" in lint["select"]
     assert set(lint["flake8-tidy-imports"]["banned-api"]) == set(LINKS)
+    # ruff itself, with the project's configuration, on code that imports through each link.
+    probe = "".join(f"import {name}\n" for name in LINKS) + "import callgate.store\n"
+    checked = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "ruff",
+            "check",
+            "--select",
+            "TID251",
+            "--stdin-filename",
+            "probe.py",
+            "-",
+        ],
+        cwd=ROOT,
+        input=probe,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert checked.returncode == 1, checked.stdout + checked.stderr
+    for name in LINKS:
+        assert f"`{name}` is banned" in checked.stdout, checked.stdout
+    assert "`callgate.store` is banned" not in checked.stdout
