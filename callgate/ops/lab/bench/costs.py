@@ -54,6 +54,10 @@ BASELINE_SECONDS = 1.0
 # imported its tools and filled its connection pool (all K slots are busy from the first
 # reservation, the queue holding every call), so what follows is steady state.
 WARM_UP = 0.1
+# A window spans at least this many samples. Process CPU is read a few milliseconds after
+# the progress counts in each sample, so a burst of completions can fall between the two
+# reads of one sample; over a window this short the CPU could read as zero.
+MIN_WINDOW_SAMPLES = 4
 RUN_TIMEOUT_SECONDS = 300.0
 KINDS = ("reads", "writes")
 # The worker's connection to the demo tools' tables: the tool's database, not callgate's.
@@ -312,10 +316,11 @@ def _reduce(
     done = calls - samples[w0].completed
     rows = samples[r1].outbox
     published = (rows - samples[r0].published) * calls / rows  # in calls
-    if w1 <= w0 or done <= 0 or r1 <= r0 or published <= 0:
+    short = min(w1 - w0, r1 - r0) + 1 < MIN_WINDOW_SAMPLES
+    if short or done <= 0 or published <= 0:
         raise BenchError(
-            f"bench costs: {calls} calls ran between two samples {SAMPLE_SECONDS:g}s apart; "
-            "run more calls"
+            f"bench costs: {calls} calls ran within fewer than {MIN_WINDOW_SAMPLES} samples "
+            f"{SAMPLE_SECONDS:g}s apart, too few to measure; run more calls (--calls)"
         )
     worker_win, relayer_win = samples[w0 : w1 + 1], samples[r0 : r1 + 1]
 
