@@ -21,7 +21,7 @@ import redis
 
 from callgate.core import logs
 from callgate.observe import metrics, tracing
-from callgate.queue import transport
+from callgate.queue import results
 from callgate.store import db, outbox
 from callgate.store.db import Engine
 
@@ -42,20 +42,14 @@ def drain_once(
         if not rows:
             return 0
         claimed = time.time_ns()
-        pipe = connection.pipeline(transaction=False)
-        streams: dict[str, None] = {}
-        for row in rows:
-            stream = transport.results_stream(queue, row.turn_id)
-            pipe.xadd(stream, {"outbox_id": row.id, "result": row.payload})
-            # After the entry: 0 when an earlier publish of this row got this far.
-            pipe.hsetnx(transport.published_marks(stream), str(row.id), 1)
-            streams[stream] = None
-        for stream in streams:  # once per stream of the batch, after its last entry
-            pipe.expire(stream, transport.RESULT_STREAM_TTL_SECONDS)
-            pipe.expire(transport.published_marks(stream), transport.RESULT_STREAM_TTL_SECONDS)
-        with transport.translate_errors("relayer publish"):
-            replies = pipe.execute()
-        first = [bool(r) for r in replies[1 : 2 * len(rows) : 2]]
+        # One script: fenced by the rows' history, each row's entry then its published mark
+        # (0 when an earlier publish of this row got this far).
+        first = results.publish(
+            connection,
+            queue,
+            rows[0].epoch,
+            [results.Row(row.id, row.turn_id, row.payload) for row in rows],
+        )
         metrics.outbox_published(len(rows))
         metrics.outbox_republished(first.count(False))
         metrics.relayed(row.age_seconds for row in rows)

@@ -64,6 +64,7 @@ from rq import Queue
 
 from callgate.core import logs
 from callgate.core.errors import ErrorCode
+from callgate.daemons import failover
 from callgate.observe import metrics
 from callgate.queue import deliveries, transport
 from callgate.store import db, reservations, sweeps
@@ -358,6 +359,11 @@ def run(
         stop.wait(random.uniform(0, interval))
     epoch = deliveries.RedisEpoch()
     while not stop.is_set():
+        try:
+            # First: until a new PostgreSQL history is reconciled nothing else can commit.
+            failover.reconcile(engine, queue, job_timeout=job_timeout)
+        except Exception as exc:  # retried on the next tick
+            log.warning("sweeper: %s", exc)
         try:
             recover_lost(
                 engine,

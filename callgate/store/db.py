@@ -133,7 +133,15 @@ def translate_errors(what: str) -> Iterator[None]:
         raise _refused(what, exc) from exc
     except psycopg.OperationalError as exc:
         raise ServiceUnavailable(f"{what}: cannot reach PostgreSQL ({_first_line(exc)})") from exc
-    except DBAPIError as exc:
+    except (DBAPIError, psycopg.DatabaseError) as exc:
+        if is_history_changed(exc):
+            raise ServiceUnavailable(
+                f"{what}: PostgreSQL's history changed (a failover to a replica, or a "
+                "restore) and callgate has not reconciled it yet; a running worker or "
+                "sweeper does within a sweep"
+            ) from exc
+        if isinstance(exc, psycopg.DatabaseError):
+            raise
         if exc.connection_invalidated:
             raise ServiceUnavailable(f"{what}: lost the PostgreSQL connection") from exc
         if isinstance(exc.orig, _POOLED_PREPARE_ERRORS):
@@ -209,11 +217,26 @@ def is_operational_error(exc: BaseException) -> bool:
     return isinstance(exc, OperationalError | psycopg.OperationalError)
 
 
+# What callgate.history_epoch() raises (migration 0018): the server is on a history callgate
+# has not reconciled yet (a failover to a replica, a restore). Nothing was written.
+HISTORY_CHANGED_SQLSTATE = "CGH01"
+
+
+def is_history_changed(exc: BaseException) -> bool:
+    """Whether a statement was refused because PostgreSQL's history changed (a failover):
+    transient, since a sweeper reconciles the new history within a sweep."""
+    orig = exc.orig if isinstance(exc, DBAPIError) else exc
+    return getattr(orig, "sqlstate", None) == HISTORY_CHANGED_SQLSTATE
+
+
 def is_transient(exc: BaseException) -> bool:
     """A failure the same statement may not meet again: a connect refused or failed, a lost
-    or terminated connection, a deadlock or serialization abort. Not bad data, not a
-    constraint violation. As SQLAlchemy wraps it or as the driver raised it (a connection
-    opened outside the engine, a tool's handler talking to its own database)."""
+    or terminated connection, a deadlock or serialization abort, a history not reconciled
+    yet. Not bad data, not a constraint violation. As SQLAlchemy wraps it or as the driver
+    raised it (a connection opened outside the engine, a tool's handler talking to its own
+    database)."""
+    if is_history_changed(exc):
+        return True
     if isinstance(exc, OperationalError):  # includes deadlock_detected, admin_shutdown
         return not isinstance(exc.orig, psycopg.errors.ProgramLimitExceeded)  # a value too big
     if isinstance(exc, psycopg.OperationalError):  # the same errors, unwrapped

@@ -22,11 +22,17 @@ from callgate.store import db
 # again (the same JSON value; fan-in parses it). An outbox row holds no copy of the result
 # (a row written before migration 0015 may). The row's age, on Postgres' clock, feeds the
 # relay-latency histogram.
+#
+# ``epoch``: the PostgreSQL history the rows are read from, which the publish is fenced by
+# (``queue.results``). ``history_epoch()`` raises on a history not reconciled yet: nothing is
+# published from it until a sweeper has reconciled it.
 CLAIM_SQL = """
 SELECT o.id, o.turn_id, o.call_ref, CAST(coalesce(o.payload, c.result) AS text) AS payload,
-       CAST(EXTRACT(EPOCH FROM clock_timestamp() - o.created_at) AS float8) AS age_seconds
+       CAST(EXTRACT(EPOCH FROM clock_timestamp() - o.created_at) AS float8) AS age_seconds,
+       h.epoch
   FROM callgate.outbox AS o
   JOIN callgate.calls AS c ON c.id = o.call_ref
+ CROSS JOIN (SELECT callgate.history_epoch() AS epoch) AS h
  WHERE o.published_at IS NULL
  ORDER BY o.id
  LIMIT :batch

@@ -44,7 +44,7 @@ from sqlalchemy import Connection, Engine, text
 
 from callgate.core.errors import UnstorableValue
 from callgate.core.types import TERMINAL_STATES
-from callgate.store import db
+from callgate.store import db, histories
 from callgate.store.endings import (
     CALL_RESULT,
     FINISH_TAIL,
@@ -93,7 +93,11 @@ WITH live AS (
            jsonb_build_object('intent_hash', CAST(:intent_hash AS text)) || CAST(:detail AS jsonb)
       FROM op
 )
-SELECT generation, reserved_from, key_age FROM op
+-- the history's epoch, the high half of the fencing token (the statement trigger on
+-- operations refused this statement unless the last history recorded is the server's)
+SELECT generation, reserved_from, key_age,
+       (SELECT max(epoch) FROM callgate.histories) AS epoch
+  FROM op
 """
 
 RENEW_SQL = """
@@ -328,7 +332,8 @@ WHY_LOST_SQL = """
 SELECT op.state, op.intent_hash, op.generation, op.owner_token, op.reserved_from,
        coalesce(op.lease_expires_at < now(), false) AS lease_expired,
        coalesce(extract(epoch FROM now() - op.first_sent_at)::float8, 0) AS key_age,
-       c.state AS call_state
+       c.state AS call_state,
+       (SELECT max(epoch) FROM callgate.histories) AS epoch
   FROM callgate.operations AS op
   JOIN callgate.calls AS c ON c.operation_id = op.operation_id
  WHERE op.operation_id = :operation_id AND c.id = :call_ref
@@ -368,6 +373,14 @@ class Reserved:
     # Seconds since this operation's key was first sent (0 on the first reservation): read
     # off the clock, so not part of what makes two reservations the same.
     key_age_seconds: float = field(default=0.0, compare=False)
+    # The PostgreSQL history the reservation was taken on (``store.histories``).
+    epoch: int = 0
+
+    @property
+    def fencing_token(self) -> int:
+        """What the downstream sees: never repeated, even across a failover that rewound
+        the generation."""
+        return histories.fencing_token(self.epoch, self.generation)
 
 
 @dataclass(frozen=True)
@@ -423,6 +436,7 @@ def reserve(
                     row.generation,
                     takeover=row.reserved_from == "in_progress",
                     key_age_seconds=float(row.key_age or 0.0),
+                    epoch=int(row.epoch or 0),
                 )
             return why_lost(
                 conn,
@@ -459,6 +473,7 @@ def why_lost(
             op.generation,
             takeover=op.reserved_from == "in_progress",
             key_age_seconds=float(op.key_age or 0.0),
+            epoch=int(op.epoch or 0),
         )
     seen = {
         "generation": op.generation,

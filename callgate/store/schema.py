@@ -338,3 +338,17 @@ redis_epochs = Table(
     Column("changed_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("replaced", Boolean, nullable=False, server_default=text("false")),
 )
+
+# One row per PostgreSQL history callgate ran on (migration 0018: the function and statement
+# triggers that keep anything from being recorded on a history not yet reconciled).
+histories = Table(
+    "histories",
+    metadata,
+    Column("epoch", Integer, primary_key=True, autoincrement=False),
+    Column("system_identifier", BigInteger, nullable=False),
+    Column("timeline", BigInteger, nullable=False),
+    Column("began_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    Column("reconciled_at", DateTime(timezone=True)),
+    Column("doubted", Integer, nullable=False, server_default=text("0")),
+    Column("adopted", Integer, nullable=False, server_default=text("0")),
+)

@@ -367,7 +367,7 @@ def _run(
             user_id=call.user_id,
             operation_id=call.operation_id,
             idempotency_key=key,
-            fencing_token=reserved.generation,
+            fencing_token=reserved.fencing_token,
             request_id=call.request_id,
             canonical=facts.canonical,
             lease_lost=heartbeat.expired,

@@ -16,6 +16,7 @@ Promises checked for every cell (``check``):
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -35,7 +36,7 @@ from callgate.core.errors import CallgateError
 from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
-from callgate.queue import deliveries, transport
+from callgate.queue import deliveries, results, transport
 from callgate.store.db import libpq_url
 from tests.faults import tools
 from tests.faults.core import CUT, LOSE_REPLY, REFUSE, STALL, Fault, FaultKind
@@ -151,6 +152,10 @@ def _redis(command: str, args: Callable[[Ids], str] | None = None, nth: int = 1)
     return build
 
 
+def _sha(script: str) -> str:
+    return hashlib.sha1(script.encode()).hexdigest()
+
+
 def _take(kind: FaultKind, seconds: float, ids: Ids) -> Fault:
     return script_fault(kind, deliveries.TAKE_LUA, seconds=seconds, label="take script")
 
@@ -264,7 +269,10 @@ ROUND_TRIPS: dict[str, RoundTripSpec] = {
         RoundTripSpec(
             "relay publish",
             "redis",
-            _redis("XADD", lambda ids: re.escape(ids.unkeyed_call)),
+            _redis(
+                "EVALSHA",
+                lambda ids: f"^{_sha(results.PUBLISH_LUA)}.*{re.escape(ids.unkeyed_call)}",
+            ),
         ),
         RoundTripSpec(
             "relay mark", "postgres", _pg(r"UPDATE callgate\.outbox SET published_at", RELAYER)
