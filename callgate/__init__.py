@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         ServiceUnavailable,
         StaleFence,
         ToolError,
+        TurnLost,
         UnknownTurn,
     )
     from callgate.core.types import (
@@ -72,6 +73,7 @@ _HOMES = {
         "ServiceUnavailable",
         "StaleFence",
         "ToolError",
+        "TurnLost",
         "UnknownTurn",
     ),
     "callgate.core.types": (
@@ -133,6 +135,7 @@ __all__ = [
     "ToolError",
     "Turn",
     "TurnCall",
+    "TurnLost",
     "UnknownTurn",
     "tool",
 ]

@@ -71,6 +71,8 @@ class ErrorCode(StrEnum):
     # or ahead of it).
     NOT_MIGRATED = "not_migrated"
     UNKNOWN_TURN = "unknown_turn"
+    # A turn a submit returned that a failover to a lagging PostgreSQL replica lost.
+    TURN_LOST = "turn_lost"
     # An AsyncProducer used after aclose() (or whose wait aclose() ended).
     PRODUCER_CLOSED = "producer_closed"
     UNKNOWN_APPROVAL = "unknown_approval"
@@ -189,6 +191,13 @@ class ServiceUnavailable(CallgateError):
 
 class UnknownTurn(CallgateError):
     code = ErrorCode.UNKNOWN_TURN
+
+
+class TurnLost(UnknownTurn):
+    """A turn a submit returned, lost when PostgreSQL failed over to a replica that lacked
+    it. Its calls may have run: its writes' operation ids stay in doubt."""
+
+    code = ErrorCode.TURN_LOST
 
 
 class ProducerClosed(CallgateError):

@@ -9,9 +9,12 @@ statement that would record, reserve or end anything, and this:
    one (``store.histories.begin``);
 2. raises the results fence in Redis to the new epoch, so a relayer still holding rows from
    the lost history can no longer publish them;
-3. reads what Redis holds for every open call's turn, and ends each call the lost history
+3. records as lost the turns Redis remembers being submitted that the history lacks, their
+   writes' operation ids in doubt (``collect`` answers ``turn_lost``; a submit again under
+   one of them is taken over);
+4. reads what Redis holds for every open call's turn, and ends each call the lost history
    had already published a result for with exactly that result;
-4. marks the history reconciled: work resumes.
+5. marks the history reconciled: work resumes.
 
 A reconciler that dies midway leaves the history recorded but not reconciled; the next
 sweep, in any process, resumes it from step 2.
@@ -36,6 +39,7 @@ class Reconciled:
     epoch: int
     doubted: int
     adopted: int
+    lost: int
 
 
 def reconcile(engine: Engine, queue: Queue, *, job_timeout: float) -> Reconciled | None:
@@ -58,6 +62,11 @@ def reconcile(engine: Engine, queue: Queue, *, job_timeout: float) -> Reconciled
         for c in begun.open_calls
         if (c.turn_id, c.call_id) in held
     }
+    remembered = [
+        histories.Remembered(t.turn_id, t.tenant_id, t.at, t.writes)
+        for t in results.recent(queue.connection, queue.name)
+    ]
+    lost = histories.record_lost(engine, begun.epoch, remembered)
     adopted = histories.adopt(engine, found)
     # They are marked dispatched: if Redis refuses, a later sweep dispatches them.
     transport.dispatch_after_commit(
@@ -65,8 +74,10 @@ def reconcile(engine: Engine, queue: Queue, *, job_timeout: float) -> Reconciled
     )
     histories.finish(engine, begun.epoch, adopted.ended)
     log.warning(
-        "PostgreSQL history %d reconciled: %d call(s) ended with the result already published",
+        "PostgreSQL history %d reconciled: %d call(s) ended with the result already published; "
+        "%d turn(s) submitted were lost (collect answers turn_lost)",
         begun.epoch,
         adopted.ended,
+        lost,
     )
-    return Reconciled(begun.epoch, begun.doubted, adopted.ended)
+    return Reconciled(begun.epoch, begun.doubted, adopted.ended, lost)

@@ -33,7 +33,7 @@ from callgate.producer.fanin import (
     follow,
 )
 from callgate.producer.planning import arguments_hash, plan
-from callgate.queue import deliveries, transport
+from callgate.queue import deliveries, results, transport
 from callgate.store import db, schema_version, tool_catalog, turns
 from callgate.store.db import Engine
 from callgate.tools import registry as tool_registry
@@ -290,16 +290,26 @@ class Producer:
             with tracing.proposing(span) as intake:
                 if intake.on:
                     intake.recorded(recorded.turn_id, proposals_of(recorded))
-                return self._enqueue(recorded, key)
+                return self._enqueue(recorded, key, ctx.tenant_id)
 
-    def _enqueue(self, recorded: turns.Recorded, key: str) -> Turn:
-        """Enqueue the calls a recorded turn dispatches now (a repeat's undispatched ones)."""
+    def _enqueue(self, recorded: turns.Recorded, key: str, tenant_id: str) -> Turn:
+        """Enqueue the calls a recorded turn dispatches now (a repeat's undispatched ones),
+        after Redis notes the turn: a failover to a PostgreSQL replica that lacks it is then
+        answered ``turn_lost``, and its writes' operation ids stay in doubt."""
         if not recorded.repeat:
             metrics.calls_proposed_all(
                 (p.proposal.tool_name for p in recorded.planned), self.registry.tools
             )
         turn = recorded.as_turn()
         try:
+            if not recorded.repeat:
+                writes = tuple(
+                    (p.operation_id, p.proposal.tool_name, p.idempotency_key)
+                    for p in recorded.planned
+                    if p.kind == "write" and p.refusal is None
+                )
+                submitted = results.Submitted(recorded.turn_id, tenant_id, time.time(), writes)
+                results.remember(self.redis, self.settings.queue, submitted)
             transport.enqueue_calls(
                 self.queue, recorded.dispatch, timeout=self.settings.job_timeout_seconds
             )

@@ -126,3 +126,51 @@ def published(
                 if isinstance(call_id, str):
                     found.setdefault((turn, call_id), text)
     return found
+
+
+# How long Redis remembers a submitted turn: a failover to a replica that lags by more than
+# this can lose a turn unnoticed (``collect`` then answers ``unknown_turn``).
+RECENT_TURNS_SECONDS = 3600.0
+
+
+def recent_turns_key(queue: str) -> str:
+    """The turns submitted in the last ``RECENT_TURNS_SECONDS``, scored by submit time."""
+    return f"callgate:{queue}:recent_turns"
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A turn as Redis remembers it: enough to recognise it lost, and to keep its writes'
+    operations in doubt (operation id, tool, idempotency key)."""
+
+    turn_id: uuid.UUID
+    tenant_id: str
+    at: float
+    writes: tuple[tuple[str, str, str], ...]
+
+
+def remember(connection: redis.Redis, queue: str, turn: Submitted) -> None:
+    """Note a submitted turn (one round trip), forgetting those past the window."""
+    member = json.dumps(
+        {"turn": str(turn.turn_id), "tenant": turn.tenant_id, "writes": turn.writes},
+        separators=(",", ":"),
+    )
+    key = recent_turns_key(queue)
+    with transport.translate_errors("remember the turn"), connection.pipeline(False) as pipe:
+        pipe.zadd(key, {member: turn.at})
+        pipe.zremrangebyscore(key, "-inf", f"({turn.at - RECENT_TURNS_SECONDS}")
+        pipe.execute()
+
+
+def recent(connection: redis.Redis, queue: str) -> list[Submitted]:
+    """Every turn remembered, oldest first."""
+    with transport.translate_errors("read recent turns"):
+        entries: list[tuple[bytes, float]] = connection.zrange(  # type: ignore[assignment]
+            recent_turns_key(queue), 0, -1, withscores=True
+        )
+    found = []
+    for member, score in entries:
+        raw = json.loads(member)
+        writes = tuple((str(w[0]), str(w[1]), str(w[2])) for w in raw.get("writes", []))
+        found.append(Submitted(uuid.UUID(raw["turn"]), str(raw["tenant"]), float(score), writes))
+    return found

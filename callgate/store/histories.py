@@ -123,6 +123,33 @@ WITH adopted AS (
     + finishing_tail(NEXT_WRITE + WAITING_ON_OPERATION)
 )
 
+# Turns Redis remembers that this history lacks: recorded as lost, and each write's operation
+# id put in doubt (a submit again under it is taken over, never run as new).
+LOST_SQL = """
+WITH remembered AS (
+    SELECT * FROM jsonb_to_recordset(CAST(:turns AS jsonb))
+           AS r(turn_id uuid, tenant text, at float8, writes jsonb)
+), lost AS (
+    INSERT INTO callgate.lost_turns (turn_id, epoch, submitted_at, operation_ids)
+    SELECT r.turn_id, :epoch, to_timestamp(r.at),
+           ARRAY(SELECT w ->> 0 FROM jsonb_array_elements(r.writes) AS w)
+      FROM remembered AS r
+     WHERE NOT EXISTS (SELECT 1 FROM callgate.turns AS t WHERE t.turn_id = r.turn_id)
+    ON CONFLICT (turn_id) DO NOTHING
+    RETURNING turn_id
+), doubted AS (
+    INSERT INTO callgate.operations (operation_id, tenant_id, tool_name, idempotency_key,
+                                     state, owner_token, lease_expires_at)
+    SELECT w ->> 0, r.tenant, w ->> 1, w ->> 2, 'in_progress', gen_random_uuid(), now()
+      FROM remembered AS r
+      JOIN lost ON lost.turn_id = r.turn_id
+     CROSS JOIN LATERAL jsonb_array_elements(r.writes) AS w
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM lost) AS lost, (SELECT count(*) FROM doubted) AS doubted
+"""
+
 FINISH_SQL = """
 UPDATE callgate.histories SET reconciled_at = now(), adopted = adopted + :adopted
  WHERE epoch = :epoch AND reconciled_at IS NULL
@@ -220,6 +247,31 @@ def adopt(engine: Engine, results: Mapping[uuid.UUID, str]) -> Adopted:
         conn.execute(text("SET LOCAL callgate.reconciling = 'on'"))
         row = conn.execute(text(ADOPT_SQL), params).one()
     return Adopted(int(row.finished), list(row.successors))
+
+
+@dataclass(frozen=True)
+class Remembered:
+    """A turn Redis remembers being submitted, with its writes (operation id, tool, key)."""
+
+    turn_id: uuid.UUID
+    tenant_id: str
+    at: float
+    writes: tuple[tuple[str, str, str], ...]
+
+
+def record_lost(engine: Engine, epoch: int, remembered: list[Remembered]) -> int:
+    """Record as lost each remembered turn this history lacks, its writes in doubt; how many
+    were lost."""
+    if not remembered:
+        return 0
+    rows = [
+        {"turn_id": str(t.turn_id), "tenant": t.tenant_id, "at": t.at, "writes": t.writes}
+        for t in remembered
+    ]
+    with db.translate_errors("record lost turns"), engine.begin() as conn:
+        conn.execute(text("SET LOCAL callgate.reconciling = 'on'"))
+        row = conn.execute(text(LOST_SQL), {"turns": json.dumps(rows), "epoch": epoch}).one()
+    return int(row.lost)
 
 
 def finish(engine: Engine, epoch: int, adopted: int) -> bool:

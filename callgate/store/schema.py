@@ -352,3 +352,14 @@ histories = Table(
     Column("doubted", Integer, nullable=False, server_default=text("0")),
     Column("adopted", Integer, nullable=False, server_default=text("0")),
 )
+
+# Turns a submit returned that a reconciled history lacks (a failover lost them).
+lost_turns = Table(
+    "lost_turns",
+    metadata,
+    Column("turn_id", Uuid, primary_key=True),
+    Column("epoch", Integer, nullable=False),
+    Column("submitted_at", DateTime(timezone=True), nullable=False),
+    Column("operation_ids", ARRAY(Text), nullable=False, server_default=text("'{}'")),
+    Column("found_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+)

@@ -11,12 +11,12 @@ from typing import Any
 from sqlalchemy import Connection, Engine, Float, cast, extract, func, insert, select, text
 
 from callgate.core import values
-from callgate.core.errors import ErrorCode, InputError, UnknownTurn
+from callgate.core.errors import ErrorCode, InputError, TurnLost, UnknownTurn
 from callgate.core.types import CallContext, ProposedCall, Turn, TurnCall
 from callgate.core.values import printable
 from callgate.store import db
 from callgate.store.endings import call_result
-from callgate.store.schema import calls, turns
+from callgate.store.schema import calls, lost_turns, turns
 
 
 @dataclass(frozen=True)
@@ -423,6 +423,20 @@ class TurnState:
     age_seconds: float | None = None
 
 
+def _lost(turn_id: str, operation_ids: list[str]) -> TurnLost:
+    writes = (
+        f"; its writes may have applied: operation ids {', '.join(operation_ids)} stay in "
+        "doubt (submitted again under one of them, a keyed write is sent again with its key, "
+        "any other ends reconciliation_pending for a person to check)"
+        if operation_ids
+        else "; it held no write"
+    )
+    return TurnLost(
+        f"turn {turn_id} was lost when PostgreSQL failed over to a replica that lacked it{writes}",
+        details=[{"code": "lost_operations", "operation_ids": operation_ids}],
+    )
+
+
 def load_state(engine: Engine, turn_id: str) -> TurnState:
     """The turn's proposal set and whatever results Postgres already holds."""
     try:
@@ -445,6 +459,11 @@ def load_state(engine: Engine, turn_id: str) -> TurnState:
         if not rows:
             exists = conn.execute(select(turns.c.turn_id).where(turns.c.turn_id == tid)).first()
             if exists is None:
+                lost = conn.execute(
+                    select(lost_turns.c.operation_ids).where(lost_turns.c.turn_id == tid)
+                ).first()
+                if lost is not None:
+                    raise _lost(turn_id, list(lost.operation_ids))
                 raise UnknownTurn(f"no turn {turn_id}")
     return TurnState(
         turn_id=tid,

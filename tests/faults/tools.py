@@ -39,7 +39,7 @@ SCHEMA_SQL = """
 CREATE SCHEMA IF NOT EXISTS faults;
 CREATE TABLE IF NOT EXISTS faults.runs (
     id bigserial PRIMARY KEY, tool text NOT NULL, operation_id text NOT NULL,
-    note text NOT NULL, fence integer NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()
+    note text NOT NULL, fence bigint NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp()
 );
 CREATE TABLE IF NOT EXISTS faults.effects (
     id bigserial PRIMARY KEY, tool text NOT NULL, operation_id text NOT NULL,

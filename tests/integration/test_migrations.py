@@ -28,6 +28,7 @@ EXPECTED_TABLES = {
     "calls",
     "outbox",
     "histories",
+    "lost_turns",
     "trace_events",
     "mcp_tools",
     "tool_catalog",

@@ -31,6 +31,7 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.CSRF_FAILED: 403,
     ErrorCode.PERMISSION_DENIED: 403,
     ErrorCode.UNKNOWN_TURN: 404,
+    ErrorCode.TURN_LOST: 410,
     ErrorCode.UNKNOWN_APPROVAL: 404,
     ErrorCode.UNKNOWN_OPERATION: 404,
     ErrorCode.UNKNOWN_API_KEY: 404,

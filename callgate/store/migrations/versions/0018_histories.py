@@ -18,6 +18,11 @@ commit until a sweeper has reconciled the new history. The reconciliation itself
 ``callgate.reconciling`` for its own transaction. The check costs about 10 µs per guarded
 statement (reading pg_control and the last history row).
 
+``callgate.lost_turns``: turns a submit returned that a reconciled history lacks (Redis keeps
+the turns submitted in the last hour). ``collect`` answers ``turn_lost`` for them, and their
+writes' operation ids are kept in doubt, so a submit again under one is taken over, never
+run as new.
+
 Revision ID: 0018
 Revises: 0017
 """
@@ -39,6 +44,17 @@ def upgrade() -> None:
             reconciled_at timestamptz,
             doubted integer NOT NULL DEFAULT 0,
             adopted integer NOT NULL DEFAULT 0
+        )
+        """
+    )
+    op.execute(
+        """
+        CREATE TABLE callgate.lost_turns (
+            turn_id uuid PRIMARY KEY,
+            epoch integer NOT NULL,
+            submitted_at timestamptz NOT NULL,
+            operation_ids text[] NOT NULL DEFAULT '{}',
+            found_at timestamptz NOT NULL DEFAULT now()
         )
         """
     )
