@@ -280,3 +280,30 @@ def finish(engine: Engine, epoch: int, adopted: int) -> bool:
         conn.execute(text("SET LOCAL callgate.reconciling = 'on'"))
         done = conn.execute(text(FINISH_SQL), {"epoch": epoch, "adopted": adopted})
     return done.rowcount == 1
+
+
+# The standbys the server streams to, as far as this role may see (a role without pg_monitor
+# sees each standby but not its sync_state).
+STANDBYS_SQL = """
+SELECT count(*) FILTER (WHERE sync_state IN ('async', 'potential')) AS asynchronous,
+       count(*) AS standbys
+  FROM pg_stat_replication
+"""
+
+
+def replication_warning(engine: Engine) -> str | None:
+    """A warning to log at start when the server streams to an asynchronous standby: a
+    failover to it may lose the last transactions. None otherwise, or if it cannot be read."""
+    try:
+        with db.autocommit(engine) as conn:
+            row = conn.execute(text(STANDBYS_SQL)).one()
+    except Exception:  # a start-up remark, never a reason not to start
+        return None
+    if not row.asynchronous:
+        return None
+    return (
+        f"PostgreSQL streams to {row.asynchronous} asynchronous standby(s): a failover to one "
+        "may lose the last transactions. callgate reconciles such a failover before any work "
+        "resumes, but a write it cannot prove ran ends reconciliation_pending; synchronous "
+        "replication loses nothing (docs/operations.md, PostgreSQL failover)"
+    )

@@ -29,7 +29,7 @@ from callgate.core.settings import Settings
 from callgate.daemons import sweeper
 from callgate.observe import metrics, tracing
 from callgate.queue import transport
-from callgate.store import db, schema_version, tool_catalog
+from callgate.store import db, histories, schema_version, tool_catalog
 from callgate.tools import redaction
 from callgate.tools import registry as tool_registry
 from callgate.worker import runtime
@@ -83,6 +83,9 @@ def run(settings: Settings, *, burst: bool = False, name: str | None = None) -> 
     if settings.worker_sweep:
         start_sweeping(settings, rt.queue.connection, stop_sweeping)
     lines.info("%s", started(settings, consumer.name, rt.registry), extra={"worker": consumer.name})
+    remark = histories.replication_warning(rt.engine)
+    if remark:
+        lines.warning("%s", remark, extra={"worker": consumer.name})
     why = "the queue was empty (--burst)"
     try:
         with transport.translate_errors("worker"):

@@ -32,6 +32,7 @@ from callgate.ops.cli.common import (
 from callgate.ops.flags import setting_option
 from callgate.ops.stack import Stack, check_ports_free
 from callgate.queue import transport
+from callgate.store import histories
 from callgate.tools import registry
 
 
@@ -151,6 +152,9 @@ def sweeper_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
             settings.stale_seconds,
             _where(settings),
         )
+        remark = histories.replication_warning(engine)
+        if remark:
+            lines.warning("%s", remark)
         sweeper.run(
             engine,
             transport.job_queue(connection, settings.queue),
