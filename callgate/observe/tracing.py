@@ -77,6 +77,13 @@ def active() -> bool:
     return not isinstance(trace.get_tracer_provider(), _NO_PROVIDER)
 
 
+def described() -> str:
+    """For a process's start line: whether its spans go anywhere."""
+    if active():
+        return "tracing on"
+    return "tracing off (set OTEL_EXPORTER_OTLP_ENDPOINT to export traces)"
+
+
 def flush(timeout_seconds: float = 2.0) -> None:
     """Export the spans a provider still holds, before a process ends without ``atexit``
     (``os._exit``). Nothing without a provider that buffers."""

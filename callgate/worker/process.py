@@ -126,6 +126,7 @@ def started(settings: Settings, name: str, registry: tool_registry.Catalog) -> s
     return (
         f"worker {name} started on queue {settings.queue!r}, concurrency "
         f"{settings.worker_concurrency}, {len(registry.tools)} tool(s): {tools}; {metrics_at}; "
+        f"{tracing.described()}; "
         f"postgres {logs.address(settings.require_database())}, "
         f"redis {logs.address(settings.require_redis())}"
     )

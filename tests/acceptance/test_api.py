@@ -12,12 +12,20 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import Engine
 
 from tests.acceptance.api_server import ApiServer, api, engine, env, make_key, running
-from tests.acceptance.conftest import REFUND_O17, callgate, effects_for, requests_for, scalar
+from tests.acceptance.conftest import (
+    REFUND_O17,
+    callgate,
+    effects_for,
+    requests_for,
+    scalar,
+    wait_until,
+)
 
 __all__ = ["api", "engine", "env", "running"]  # fixtures, for pytest
 
@@ -210,3 +218,17 @@ def test_an_idempotency_key_records_one_turn(running, env, engine):
         resp = http.post("/v1/turns", json=other, headers={"Idempotency-Key": "req-1"})
         assert (resp.status_code, resp.json()["code"]) == (409, "idempotency_conflict")
     assert scalar(engine, "SELECT count(*) FROM callgate.turns") == 1
+
+
+def test_the_start_line_shows_at_the_default_level(
+    api: Callable[[dict[str, str]], ApiServer], env: dict[str, str]
+) -> None:
+    """A person starting `callgate api` sees where it listens, and whether it traces, without
+    raising the log level (as the worker, relayer and sweeper do)."""
+    quiet = {k: v for k, v in env.items() if not k.startswith("OTEL_")}
+    server = api({**quiet, "CALLGATE_LOG_LEVEL": "WARNING"})
+    line = wait_until(
+        lambda: next((x for x in server.stderr().splitlines() if "api listening on" in x), None),
+        what="the api's start line",
+    )
+    assert "tracing off" in line, line

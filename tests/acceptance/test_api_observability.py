@@ -123,10 +123,14 @@ def test_the_api_serves_metrics_logs_requests_and_checks_roles(
 
     for who in (support, auditor):
         with server.client(who["key"]) as http:
-            for path in ("/v1/approvals", f"/v1/approvals/{approval_id}"):
+            for path, asked in (
+                ("/v1/approvals", "listing approvals"),
+                (f"/v1/approvals/{approval_id}", "reading an approval"),
+            ):
                 resp = http.get(path)
                 assert resp.status_code == 403, resp.text
                 assert resp.json()["code"] == "role_required"
+                assert f"{asked} needs a key with the approver role" in resp.text, resp.text
             resp = http.post(f"/v1/approvals/{approval_id}/approve")
             assert resp.status_code == 403 and resp.json()["code"] == "role_required"
     with server.client(other["key"]) as http:

@@ -346,9 +346,9 @@ def test_an_unknown_category_is_refused(tmp_path: Path) -> None:
     assert bfcl.category_of(questions, ["live_simple_0-0-0", "live_simple_1-1-0"]) == "live_simple"
     assert bfcl.category_of(questions, ["parallel_multiple_3"]) == "parallel_multiple"
     for java in ("simple_java_0", "simple_javascript_0", "multi_turn_base_0"):
-        with pytest.raises(InputError, match="not imported"):
+        with pytest.raises(InputError, match="cannot be imported"):
             bfcl.category_of(questions, [java])
-    with pytest.raises(InputError, match="not imported"):
+    with pytest.raises(InputError, match="cannot be imported"):
         bfcl.category_of(tmp_path / "BFCL_v4_simple_java.json", [])
 
 
@@ -362,3 +362,26 @@ def test_a_question_offering_no_function_imports(tmp_path: Path) -> None:
     out, _ = _import(tmp_path, questions)
     (fixture,) = load_suite(out).fixtures
     assert fixture.category == "irrelevance" and fixture.tools == []
+
+
+@pytest.mark.parametrize(
+    ("file", "ids", "named"),
+    [
+        ("BFCL_v4_multi_turn_base.json", [], "multi_turn_base"),
+        ("BFCL_v4_simple_java.json", [], "simple_java"),
+        ("BFCL_v4_simple_javascript.json", [], "simple_javascript"),
+        ("BFCL_v4_live_relevance.json", [], "live_relevance"),
+        (
+            "questions.json",
+            ["multi_turn_long_context_0", "multi_turn_long_context_1"],
+            "multi_turn",
+        ),
+    ],
+)
+def test_an_unsupported_category_is_named_with_why(
+    tmp_path: Path, file: str, ids: list[str], named: str
+) -> None:
+    with pytest.raises(InputError) as refused:
+        bfcl.category_of(tmp_path / file, ids)
+    assert f"BFCL's {named} category cannot be imported (" in refused.value.message
+    assert "--category" not in refused.value.message

@@ -13,7 +13,7 @@ import click
 from callgate.core import logs
 from callgate.core.settings import MAX_WORKER_CONCURRENCY, Settings
 from callgate.daemons import relayer, sweeper
-from callgate.observe import metrics
+from callgate.observe import metrics, tracing
 from callgate.ops.cli.common import (
     DEMO_DOWNSTREAM,
     METRICS_PORT,
@@ -170,7 +170,8 @@ def sweeper_cmd(metrics_port: int | None, state_metrics: bool | None) -> None:
 def _where(settings: Settings) -> str:
     metrics_at = f"metrics on :{settings.metrics_port}" if settings.metrics_port else "no metrics"
     return (
-        f"{metrics_at}; postgres {logs.address(settings.require_database())}, "
+        f"{metrics_at}; {tracing.described()}; "
+        f"postgres {logs.address(settings.require_database())}, "
         f"redis {logs.address(settings.require_redis())}"
     )
 

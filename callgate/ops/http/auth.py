@@ -63,10 +63,12 @@ def bearer_key(authorization: str | None) -> str:
     return key.strip()
 
 
-def require_approver(principal: KeyHolder) -> None:
+def require_approver(principal: KeyHolder, doing: str = "deciding approvals") -> None:
+    """``role_required`` unless the key may see and decide its tenant's approvals; ``doing``
+    names what was asked (listing, reading, deciding, signing in to the console)."""
     if not principal.approver:
         raise AccessError(
-            f"deciding approvals needs a key with the approver role for {principal.tenant_id}",
+            f"{doing} needs a key with the approver role for {principal.tenant_id}",
             code=ErrorCode.ROLE_REQUIRED,
         )
 

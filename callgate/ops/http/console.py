@@ -88,7 +88,7 @@ def sign_in(request: Request, response: Response, body: models.SignIn) -> dict[s
     s = routes.services(request)
     principal = api_keys.authenticate(s.engine, body.key)
     request.scope.setdefault("state", {})[access.KEY_ID_STATE] = principal.key_id
-    auth.require_approver(principal)
+    auth.require_approver(principal, "signing in to the approval console")
     s.limiter.take(principal)
     cookie, nonce = auth.new_session(s.api.session_secret, principal.key_id, s.api.session_seconds)
     # Replaces the key's earlier session, if any: one session per key.

@@ -395,7 +395,7 @@ def list_approvals(
     request: Request, who: Who, state: models.ApprovalState = "pending"
 ) -> list[dict[str, Any]]:
     """The tenant's requests, oldest first (needs the approver role)."""
-    require_approver(who)
+    require_approver(who, "listing approvals")
     return _views(services(request), who, None if state == "all" else state)
 
 
@@ -419,7 +419,7 @@ def show_approval(
 ) -> dict[str, Any]:
     """One request of the tenant, its impact and the calls parked on it; another tenant's
     is `unknown_approval`, like a missing one (needs the approver role)."""
-    require_approver(who)
+    require_approver(who, "reading an approval")
     return approval_detail(services(request), who, approval_id)
 
 

@@ -7,12 +7,15 @@ import logging
 
 import click
 
+from callgate.core import logs
 from callgate.core.errors import ConfigurationError
 from callgate.core.settings import Settings, metrics_port
-from callgate.observe import metrics
+from callgate.observe import metrics, tracing
 from callgate.store import api_keys, db, schema_version
 
 log = logging.getLogger("callgate.api")
+# The start and stop lines: shown at the default level, as every process's are.
+lines = logging.getLogger(f"{logs.PROCESS_LOGGER}.api")
 
 
 @click.command("api")
@@ -75,14 +78,15 @@ def api_cmd(host: str | None, port: int | None, metrics_at: int | None) -> None:
         metrics.serve(settings.metrics_port, settings.metrics_host, metrics.registry_for("api"))
 
     def started() -> None:
-        log.info(
-            "api listening on http://%s:%d (metrics %s, auth api-key, queue %s)",
+        lines.info(
+            "api listening on http://%s:%d (metrics %s, auth api-key, queue %s; %s)",
             api.host,
             api.port,
             f"on {settings.metrics_host}:{settings.metrics_port}"
             if settings.metrics_port
             else "off",
             settings.queue,
+            tracing.described(),
             extra={"event": "api_started"},
         )
 
@@ -93,7 +97,7 @@ def api_cmd(host: str | None, port: int | None, metrics_at: int | None) -> None:
         header_timeout=api.header_timeout,
         keep_alive=api.keep_alive,
         on_started=started,
-        on_stopped=lambda: log.info("api stopped", extra={"event": "api_stopped"}),
+        on_stopped=lambda: lines.info("api stopped", extra={"event": "api_stopped"}),
     )
 
 

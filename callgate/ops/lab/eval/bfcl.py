@@ -166,11 +166,39 @@ def category_of(questions: Path, ids: Sequence[str], given: str | None = None) -
     for name in sorted(CATEGORIES, key=len, reverse=True):
         if ids and all(re.fullmatch(rf"{name}_\d[\w.-]*", i) for i in ids):
             return name
+    unsupported = _unsupported(stem, ids)
+    if unsupported is not None:
+        name, why = unsupported
+        raise InputError(
+            f"{questions}: BFCL's {name} category cannot be imported ({why}); import-bfcl "
+            f"takes {', '.join(CATEGORIES)}"
+        )
     raise InputError(
         f"{questions}: cannot tell the BFCL category from the file name or the ids; give "
-        f"--category, one of {', '.join(CATEGORIES)} (the Java, JavaScript, multi-turn and "
-        "relevance categories are not imported)"
+        f"--category, one of {', '.join(CATEGORIES)}"
     )
+
+
+# BFCL's categories import-bfcl does not take, and why, for the message that refuses them.
+UNSUPPORTED = {
+    "simple_javascript": "its answers are JavaScript calls, which callgate's tools never see",
+    "simple_java": "its answers are Java calls, which callgate's tools never see",
+    "live_relevance": "it scores whether any call is made, not the calls themselves",
+    "multi_turn": "its questions run over several turns against BFCL's own stateful Python "
+    "classes, which import-bfcl has no stub for",
+    "memory": "it needs BFCL's memory backends",
+    "web_search": "it needs live web search",
+    "format_sensitivity": "it scores prompt formats, not calls",
+}
+
+
+def _unsupported(stem: str, ids: Sequence[str]) -> tuple[str, str] | None:
+    for name, why in sorted(UNSUPPORTED.items(), key=lambda kv: -len(kv[0])):
+        if stem == name or stem.startswith(f"{name}_"):
+            return stem, why
+        if ids and all(i.startswith(f"{name}_") for i in ids):
+            return name, why
+    return None
 
 
 @dataclass(frozen=True)
