@@ -232,3 +232,18 @@ def test_installed_wheel_imports_the_public_api_and_runs_the_demo(
     assert "[FAIL]" not in demo.stdout
     (passed, total) = map(int, re.search(r"(\d+)/(\d+) invariants hold", demo.stdout).groups())
     assert passed == total >= 13
+
+
+def test_the_built_artefacts_pass_twine_check(wheel: Path) -> None:
+    """What the release procedure publishes is what PyPI accepts: metadata, the README as
+    the long description, the licence."""
+    artefacts = sorted(str(p) for p in wheel.parent.iterdir())
+    assert any(a.endswith(".tar.gz") for a in artefacts), artefacts
+    checked = subprocess.run(
+        [sys.executable, "-m", "twine", "check", "--strict", *artefacts],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.stdout.count("PASSED") == len(artefacts), checked.stdout
