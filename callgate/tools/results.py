@@ -209,3 +209,10 @@ def failure_error(err: CallgateError) -> dict[str, Any]:
     if err.retryable and isinstance(hint, int) and hint > 0:
         error["retry_after_ms"] = hint  # the downstream's hint, passed on to the model
     return error
+
+
+# What the result of a repeat-safe write that failed says (after its retries), so the
+# application knows its next step.
+RESEND_IS_SAFE = (
+    "a resend under the same operation id is safe: its downstream replays the idempotency key"
+)

@@ -388,7 +388,9 @@ def _run(
             )
         if outcome is None:
             try:
-                outcome = _handle(d, tool, args, ctx, heartbeat, detail, age)
+                outcome = _handle(
+                    d, tool, args, ctx, heartbeat, detail, age, delivery=reserved.generation
+                )
             except StaleFence as err:
                 d.trace("stale_fence_rejected", generation=reserved.generation, message=err.message)
                 events.rejected_stale(
@@ -496,8 +498,10 @@ def _handle(
     heartbeat: retry.Lease,
     detail: dict[str, Any],
     key_age_seconds: float = 0.0,
+    delivery: int = 1,
 ) -> _Outcome:
-    """Run the handler and classify what happened. ``StaleFence`` propagates."""
+    """Run the handler and classify what happened. ``StaleFence`` propagates. ``delivery``:
+    which run of the operation this is (its generation)."""
     started = time.monotonic()
     try:
         raw = retry.run_handler(
@@ -521,8 +525,9 @@ def _handle(
         return _Outcome(results.failure_status(err), results.failure_error(err))
     except Exception as exc:  # a handler bug, a job timeout: never leak its text to the model
         age = key_age_seconds + time.monotonic() - started
-        if retry.transient_failure(exc) and retry.safe_to_repeat(tool, age):
-            if tool.kind == "write":
+        transient = retry.transient_failure(exc)
+        if tool.kind == "write" and retry.safe_to_repeat(tool, age):
+            if transient and delivery < retry.REPEAT_SAFE_DELIVERIES:
                 # A dropped connection to the downstream (a database restart, a terminated
                 # backend, a reset socket) with the retry budget spent. The write may have
                 # applied, but its downstream replays the key (or it is idempotent): it is
@@ -530,6 +535,15 @@ def _handle(
                 # lease; once the lease expires a sweeper dispatches the call again and the
                 # new owner sends it with the same key and a larger fence.
                 raise _LeaseLetGo(exc) from exc
+            # Out of deliveries, or a failure that is not the downstream's (a bug) after its
+            # retries in place: the outcome is unknown, but a resend under the same
+            # operation id is safe (the key), so the application may make one.
+            log.warning("handler %s failed (delivery %d): %s", tool.name, delivery, exc)
+            code = ErrorCode.UPSTREAM_UNAVAILABLE if transient else ErrorCode.EXECUTION_FAILED
+            return _failed_retryable(
+                code, f"the tool failed in {delivery} deliveries; {results.RESEND_IS_SAFE}"
+            )
+        if transient and retry.safe_to_repeat(tool, age):
             log.warning("handler %s: the downstream is unreachable: %s", tool.name, exc)
             return _failed_retryable(
                 ErrorCode.UPSTREAM_UNAVAILABLE, "the downstream is unreachable"

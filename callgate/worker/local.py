@@ -26,7 +26,7 @@ from callgate.core.errors import CallgateError, ErrorCode, ToolError
 from callgate.core.types import FailedRetryable, FailedTerminal, Succeeded
 from callgate.tools import gate, results
 from callgate.tools.intent import idempotency_key
-from callgate.tools.registry import ExecutionContext, Principal, Registry
+from callgate.tools.registry import ExecutionContext, Principal, Registry, Tool
 from callgate.worker import aio
 
 # A first delivery reserves generation 0 → 1: its fencing token.
@@ -69,6 +69,7 @@ class LocalRunner:
         request_id: str = "req-local",
     ) -> LocalResult:
         who = principal or self.principal or self._default_principal()
+        ran: Tool | None = None
         try:
             tool = gate.check_allowed(self.registry, tool_name, who.roles)
             args = gate.validate_arguments(tool, gate.parse_arguments(arguments))
@@ -91,10 +92,20 @@ class LocalRunner:
                 canonical=facts.canonical,
             )
             self.contexts.append(ctx)
+            ran = tool
             raw = aio.call(tool.handler, args, ctx)
         except CallgateError as err:
             return _failure(call_id, tool_name, err)
         except Exception:  # a handler bug: the worker never shows its text to a model either
+            if ran is not None and ran.kind == "write" and _repeat_safe(ran):
+                # As in the worker once its retries are spent: the key makes a resend safe.
+                error = results.safe_error(
+                    ErrorCode.EXECUTION_FAILED.value,
+                    [{"message": f"the tool failed; {results.RESEND_IS_SAFE}"}],
+                )
+                return FailedRetryable.model_validate(
+                    {"call_id": call_id, "tool_name": tool_name, "error": error}
+                )
             failed = ToolError("the tool failed", code=ErrorCode.EXECUTION_FAILED)
             return _failure(call_id, tool_name, failed)
         payload, _notes = results.safe_result(tool, raw)
@@ -115,6 +126,12 @@ class LocalRunner:
         if denied_by is not None:
             raise ToolError("an approver denied this action", code=ErrorCode.APPROVAL_DENIED)
         return True if approved_by is not None else None
+
+
+def _repeat_safe(tool: Tool) -> bool:
+    """The worker's ``retry.safe_to_repeat`` for a key first sent now (that module reaches
+    for the database driver, which LocalRunner never imports)."""
+    return tool.effect.idempotent or tool.downstream.keeps_key(0.0)
 
 
 def _failure(call_id: str, tool_name: str, err: CallgateError) -> FailedRetryable | FailedTerminal:

@@ -72,16 +72,28 @@ def transient_failure(exc: BaseException) -> bool:
     return db.is_connection_failure(exc) or isinstance(exc, ConnectionError | TimeoutError)
 
 
+# A repeat-safe write (keyed or idempotent) that keeps meeting transient failures is run by at
+# most this many deliveries (each retrying in place within CALLGATE_RETRY_ATTEMPTS and
+# CALLGATE_RETRY_BUDGET_SECONDS; each later one a takeover after the lease), then ends
+# ``failed_retryable``: a bounded number of runs, not one per dispatch.
+REPEAT_SAFE_DELIVERIES = 3
+
+
 def may_retry(tool: Tool, exc: BaseException, key_age_seconds: float = 0.0) -> bool:
-    """May a failed attempt be made again with the same key and fence? A retryable refusal
-    or a transient failure, and only where a repeat cannot apply the write twice: a read, a
-    repeat-safe write, or a refusal the handler says did not apply. A stale fence never."""
+    """May a failed attempt be made again with the same key and fence? A retryable refusal,
+    a transient failure, or (for a repeat-safe write) any failure that is not a refusal,
+    and only where a repeat cannot apply the write twice: a read, a repeat-safe write, or a
+    refusal the handler says did not apply. A stale fence never."""
     if isinstance(exc, StaleFence):
         return False
     safe = safe_to_repeat(tool, key_age_seconds)
     if isinstance(exc, ToolError):
         return exc.retryable and (safe or exc.applied is False)
-    return transient_failure(exc) and safe
+    if transient_failure(exc):
+        return safe
+    # A bug, an unexpected exception: its downstream replays the key (or the effect is
+    # idempotent), so running it again cannot apply it twice.
+    return safe and tool.kind == "write"
 
 
 def lookup(read: Callable[[], _T], settings: Settings) -> _T:

@@ -61,11 +61,17 @@ def test_an_unkeyed_write_is_never_retried_unless_it_surely_did_not_apply() -> N
     assert may_retry(UNKEYED_WRITE, unavailable(applied=False))
 
 
-def test_a_stale_fence_a_terminal_refusal_and_a_bug_are_never_retried() -> None:
+def test_a_stale_fence_and_a_terminal_refusal_are_never_retried() -> None:
     for tool in (READ, KEYED):
         assert not may_retry(tool, StaleFence("newer owner"))
         assert not may_retry(tool, ToolError("no", code=ErrorCode.NOT_FOUND))
-        assert not may_retry(tool, RuntimeError("bug"))
+
+
+def test_a_bug_is_retried_only_where_the_key_makes_a_repeat_harmless() -> None:
+    assert may_retry(KEYED, RuntimeError("bug"))
+    assert may_retry(KEYED, KeyError("field"))
+    assert not may_retry(READ, RuntimeError("bug"))  # a read's bug fails the same way again
+    assert not may_retry(UNKEYED_WRITE, RuntimeError("bug"))
 
 
 def test_an_idempotent_write_is_retried_like_a_keyed_one() -> None:
