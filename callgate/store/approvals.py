@@ -39,6 +39,7 @@ from callgate.core.errors import ApprovalError, ErrorCode, ServiceUnavailable
 from callgate.observe import metrics
 from callgate.store import db
 from callgate.store.endings import CALL_RESULT, FINISH_TAIL, Finished, result_body
+from callgate.tools import gate
 
 log = logging.getLogger("callgate.approvals")
 
@@ -112,7 +113,7 @@ WITH decided AS (
     UPDATE callgate.approvals
        SET state = 'approved', decided_by = :by, decided_at = now()
      WHERE approval_id = :approval_id AND state = 'pending'
-       AND tenant_id = :tenant AND lower(requested_by) <> lower(:by)
+       AND tenant_id = :tenant AND requested_by = :requester
     RETURNING approval_id, version, operation_id
 ), resumed AS (
     UPDATE callgate.calls AS c
@@ -137,7 +138,7 @@ WITH decided AS (
     UPDATE callgate.approvals
        SET state = 'denied', decided_by = :by, decided_at = now()
      WHERE approval_id = :approval_id AND state = 'pending'
-       AND tenant_id = :tenant AND lower(requested_by) <> lower(:by)
+       AND tenant_id = :tenant AND requested_by = :requester
     RETURNING approval_id, version
 ), finished AS (
     UPDATE callgate.calls AS c
@@ -159,7 +160,7 @@ WITH decided AS (
 DECIDED_BY_SQL = """
 SELECT 1 FROM callgate.approvals
  WHERE approval_id = :approval_id AND tenant_id = :tenant AND state = :verdict
-   AND lower(decided_by) = lower(:by)
+   AND decided_by = :by
 """
 
 # The calls a grant whose reply was lost put back to 'proposed': they may have no job yet (a
@@ -265,7 +266,8 @@ def approve(engine: Engine, approval_id: str, *, by: str, tenant: str) -> list[u
     """
     ident = _parse_id(approval_id)
     who, tenant = _approver(by), _tenant(tenant)
-    params = {"approval_id": ident, "by": who, "tenant": tenant}
+    requester = _four_eyes(engine, ident, by=who, tenant=tenant)
+    params = {"approval_id": ident, "by": who, "tenant": tenant, "requester": requester}
     row = _decide(engine, APPROVE_SQL, params, verdict="approved")
     if row is None:  # an attempt whose reply was lost granted it
         with db.autocommit(engine) as conn:
@@ -294,6 +296,7 @@ def deny(engine: Engine, approval_id: str, *, by: str, tenant: str) -> Finished:
         "approval_id": ident,
         "by": who,
         "tenant": tenant,
+        "requester": _four_eyes(engine, ident, by=who, tenant=tenant),
         "body": body,
         "event": "approval_denied",
         "generation": None,
@@ -399,6 +402,34 @@ def _decided(engine: Engine, ident: uuid.UUID, event: str, *, by: str) -> str:
     return str(rows[0].tool_name)
 
 
+def _four_eyes(engine: Engine, ident: uuid.UUID, *, by: str, tenant: str) -> str:
+    """The request's requester, once ``by`` is not that person (``approval_forbidden``
+    otherwise; ``unknown_approval`` for a missing request or another tenant's). The deciding
+    statement is guarded on this very requester: the column never changes, so the check
+    made here holds for the row it decides."""
+    with db.translate_errors("approvals"), db.autocommit(engine) as conn:
+        requester = conn.execute(
+            text(
+                "SELECT requested_by FROM callgate.approvals"
+                " WHERE approval_id = :a AND tenant_id = :t"
+            ),
+            {"a": ident, "t": tenant},
+        ).scalar_one_or_none()
+    if requester is None:
+        raise _unknown(str(ident))
+    if gate.same_person(requester, by):
+        raise _forbidden(ident, requester, tenant)
+    return str(requester)
+
+
+def _forbidden(ident: uuid.UUID, requester: str, tenant: str) -> ApprovalError:
+    return ApprovalError(
+        f"approval request {ident} was asked for by {requester}, who cannot decide it; "
+        f"another approver of {tenant} must; nothing changed",
+        code=ErrorCode.APPROVAL_FORBIDDEN,
+    )
+
+
 def _explain(engine: Engine, ident: uuid.UUID, *, by: str, tenant: str) -> NoReturn:
     """Say why the deciding statement matched no row. Only explains: nothing is decided here,
     so a request decided meanwhile is reported as it now is."""
@@ -411,11 +442,7 @@ def _explain(engine: Engine, ident: uuid.UUID, *, by: str, tenant: str) -> NoRet
             f"approval request {ident} is {request['state']}, not pending; nothing changed",
             code=ErrorCode.APPROVAL_NOT_PENDING,
         )
-    raise ApprovalError(
-        f"approval request {ident} was asked for by {request['requested_by']}, who cannot "
-        f"decide it; another approver of {tenant} must; nothing changed",
-        code=ErrorCode.APPROVAL_FORBIDDEN,
-    )
+    raise _forbidden(ident, request["requested_by"], tenant)
 
 
 def _first_line(exc: BaseException) -> str:

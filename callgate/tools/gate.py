@@ -255,3 +255,12 @@ def _expected(err: Mapping[str, Any]) -> str:
         "dict_type": "object",
         "list_type": "array",
     }.get(kind, kind.replace("_", " "))
+
+
+def same_person(requested_by: str, decider: str) -> bool:
+    """The four-eyes rule's one comparison: is the decider the person who asked? Names are
+    compared by Unicode case folding (``Ana`` is ``ANA``, ``ΣΑΣ`` is ``σας``), here in
+    Python for the worker, the approval commands, the API and ``LocalRunner`` alike; never by
+    the database, whose ``lower()`` follows its collation and disagrees with Python on some
+    letters."""
+    return requested_by.strip().casefold() == decider.strip().casefold()

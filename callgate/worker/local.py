@@ -118,7 +118,7 @@ class LocalRunner:
     @staticmethod
     def _decide(approved_by: str | None, denied_by: str | None, who: Principal) -> bool | None:
         decider = denied_by or approved_by
-        if decider is not None and decider.lower() == who.user_id.lower():
+        if decider is not None and gate.same_person(who.user_id, decider):
             raise ToolError(
                 f"{decider} asked for this call and cannot decide its approval",
                 code=ErrorCode.APPROVAL_FORBIDDEN,

@@ -150,3 +150,39 @@ def test_an_approver_must_name_themselves_and_their_tenant(engine: Engine) -> No
             approvals.approve(engine, approval_id, by=by, tenant=tenant)
         assert info.value.code == ErrorCode.INVALID_INPUT
     assert _state(engine, approval_id, ref) == before
+
+
+@pytest.mark.parametrize(
+    ("requester", "decider"),
+    [("ΣΑΣ", "σας"), ("Straße", "STRASSE"), ("user-17", " USER-17 ")],
+)
+def test_names_that_fold_to_one_person_cannot_decide_each_other(
+    engine: Engine, requester: str, decider: str
+) -> None:
+    """One rule, Python's case folding, for the database's statement and LocalRunner alike: a
+    collation whose lower() disagrees with Python (C.UTF-8 leaves 'Σ' and 'ß' alone) cannot
+    let the requester decide under another spelling of their name."""
+    approval_id, ref = _parked(engine, requested_by=requester)
+    for decide in (approvals.approve, approvals.deny):
+        with pytest.raises(ApprovalError) as refused:
+            decide(engine, approval_id, by=decider, tenant="tenant-a")
+        assert refused.value.code == ErrorCode.APPROVAL_FORBIDDEN
+    assert _state(engine, approval_id, ref)["request"] == ("pending", None)
+
+    approvals.approve(engine, approval_id, by="someone-else", tenant="tenant-a")
+    assert _state(engine, approval_id, ref)["request"] == ("approved", "someone-else")
+
+
+def test_local_runner_applies_the_same_rule() -> None:
+    from callgate.tools.registry import Principal
+    from callgate.worker.local import LocalRunner
+    from tests.faults import tools
+
+    runner = LocalRunner(tools.registry())
+    who = Principal("tenant-a", "ΣΑΣ", ("support",))
+    asks = {"note": "n", "needs_approval": True}
+    refused = runner.call("fault_unkeyed", asks, principal=who, approved_by="σας")
+    assert refused.status == "failed_terminal", refused
+    assert refused.error.code == ErrorCode.APPROVAL_FORBIDDEN
+    waits = runner.call("fault_unkeyed", asks, principal=who)
+    assert waits.status == "awaiting_approval", waits
