@@ -21,6 +21,7 @@ from callgate.producer.planning import plan
 from callgate.store import endings, reservations, sweeps, turns
 from callgate.tools.registry import ExecutionContext
 from callgate.worker.heartbeat import Heartbeat
+from tests.acceptance.conftest import wait_until
 
 CTX = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 
@@ -51,6 +52,12 @@ def _reserve(
         intent_hash="intent-1",
         lease_seconds=lease,
     )
+
+
+def _taken_over(engine: Engine, p: turns.PlannedCall) -> reservations.Reserved | None:
+    """A takeover by a new owner, once the lease has run out; None while it still holds."""
+    taken = _reserve(engine, p, uuid.uuid4(), lease=30)
+    return taken if isinstance(taken, reservations.Reserved) else None
 
 
 def _scalar(engine: Engine, sql: str, **params: object) -> object:
@@ -86,8 +93,11 @@ def test_heartbeat_renews_so_nobody_takes_over_while_the_handler_runs(engine: En
         assert not heartbeat.expired()
         _context(heartbeat).ensure_lease()  # still ours: no error
     assert heartbeat.renewals >= 3
-    time.sleep(0.8)  # no heartbeat now: the lease runs out
-    taken = _reserve(engine, p, uuid.uuid4(), lease=30)
+    # No heartbeat now: the lease runs out (on Postgres' clock, however loaded this machine
+    # is), and then, not before, another owner takes the call over.
+    taken = wait_until(
+        lambda: _taken_over(engine, p), timeout=10, what="a takeover after the lease ran out"
+    )
     assert taken == reservations.Reserved(reserved.generation + 1, takeover=True)
 
 
