@@ -345,8 +345,8 @@ histories = Table(
     "histories",
     metadata,
     Column("epoch", Integer, primary_key=True, autoincrement=False),
-    Column("system_identifier", BigInteger, nullable=False),
-    Column("timeline", BigInteger, nullable=False),
+    Column("system_identifier", BigInteger),  # None: the server does not tell (never checked)
+    Column("timeline", BigInteger),
     Column("began_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
     Column("reconciled_at", DateTime(timezone=True)),
     Column("doubted", Integer, nullable=False, server_default=text("0")),

@@ -18,6 +18,9 @@ commit until a sweeper has reconciled the new history. The reconciliation itself
 ``callgate.reconciling`` for its own transaction. The check costs about 10 µs per guarded
 statement (reading pg_control and the last history row).
 
+A server that cannot tell its identity (``pg_control_system()`` or ``pg_current_wal_lsn()``
+refused, as on some managed services) is recorded without one and never checked.
+
 ``callgate.lost_turns``: turns a submit returned that a reconciled history lacks (Redis keeps
 the turns submitted in the last hour). ``collect`` answers ``turn_lost`` for them, and their
 writes' operation ids are kept in doubt, so a submit again under one is taken over, never
@@ -38,8 +41,8 @@ def upgrade() -> None:
         """
         CREATE TABLE callgate.histories (
             epoch integer PRIMARY KEY,
-            system_identifier bigint NOT NULL,
-            timeline bigint NOT NULL,
+            system_identifier bigint,
+            timeline bigint,
             began_at timestamptz NOT NULL DEFAULT now(),
             reconciled_at timestamptz,
             doubted integer NOT NULL DEFAULT 0,
@@ -74,9 +77,12 @@ def upgrade() -> None:
             h callgate.histories;
         BEGIN
             SELECT * INTO h FROM callgate.histories ORDER BY epoch DESC LIMIT 1;
+            -- A server that does not tell its identity (see upgrade()) is never checked.
             IF FOUND AND h.reconciled_at IS NOT NULL
-               AND h.timeline = callgate.server_timeline()
-               AND h.system_identifier = (SELECT system_identifier FROM pg_control_system())
+               AND (h.timeline IS NULL
+                    OR (h.timeline = callgate.server_timeline()
+                        AND h.system_identifier
+                            = (SELECT system_identifier FROM pg_control_system())))
             THEN
                 RETURN h.epoch;
             END IF;
@@ -107,9 +113,19 @@ def upgrade() -> None:
             f"CREATE TRIGGER guard_history BEFORE {event} ON callgate.{table} "
             "FOR EACH STATEMENT EXECUTE FUNCTION callgate.guard_history()"
         )
+    # A server that cannot tell its system identifier or timeline (a managed service that
+    # hides pg_control_system() or has no WAL of its own, as storage-replicated services may)
+    # is recorded without them: nothing can be checked there, and nothing is refused.
     op.execute(
         """
-        INSERT INTO callgate.histories (epoch, system_identifier, timeline, reconciled_at)
-        SELECT 0, system_identifier, callgate.server_timeline(), now() FROM pg_control_system()
+        DO $$
+        BEGIN
+            INSERT INTO callgate.histories (epoch, system_identifier, timeline, reconciled_at)
+            SELECT 0, system_identifier, callgate.server_timeline(), now()
+              FROM pg_control_system();
+        EXCEPTION WHEN OTHERS THEN
+            INSERT INTO callgate.histories (epoch, reconciled_at) VALUES (0, now());
+        END
+        $$
         """
     )
