@@ -6,7 +6,7 @@ published, so pruning never takes a result fan-in is still waiting for. An opera
 with the last call that used it, unless it is awaiting a person's reconciliation (those stay
 until settled). Removing a finished operation ends its idempotency: a write retried with the
 same operation id after the retention window runs as a new write. Choose the window longer
-than any retry your application makes (the README says so too).
+than any retry your application makes (docs/operations.md, Retention, says so too).
 
 Each batch is one statement over at most ``batch`` turns (oldest first, ``SKIP LOCKED``), so
 pruning a large history holds no long locks and can run beside workers.

@@ -222,6 +222,61 @@ def assess_risk(
     return {**impact, "reversible": tool.effect.reversible}
 
 
+# --- the pipeline: the layers in order, shared by the worker and LocalRunner --------------------
+#
+# Each records its verdict per layer in ``verdicts`` ("pass", or the refusal's code) and raises
+# the refusal. Between the two halves the caller resolves the facts (``resolve_facts``): the
+# worker first reuses an outcome its operation already has for the same intent.
+
+
+def admit_call(
+    registry: Registry,
+    tool_name: str,
+    raw_arguments: Mapping[str, Any] | str,
+    roles: Iterable[str],
+    verdicts: dict[str, str],
+) -> tuple[Tool, Arguments]:
+    """Layers 1–3, on the call alone: allowlist, arguments parse, schema."""
+    layer = "allowlist"
+    try:
+        tool = check_allowed(registry, tool_name, roles)
+        verdicts[layer] = "pass"
+        layer = "parse"
+        raw = raw_arguments
+        if isinstance(raw, Mapping):
+            raw = raw.get(values.RAW_ARGUMENTS, raw)
+        arguments = parse_arguments(raw)
+        verdicts[layer] = "pass"
+        layer = "schema"
+        args = validate_arguments(tool, arguments)
+        verdicts[layer] = "pass"
+    except ToolError as err:
+        verdicts[layer] = err.code.value
+        raise
+    return tool, args
+
+
+def judge(
+    tool: Tool, args: Arguments, facts: Facts, principal: Principal, verdicts: dict[str, str]
+) -> dict[str, Any] | None:
+    """Layers 4–6, on server state: business rules, authorization, risk. Returns the impact
+    an approver must see, or None when no approval is needed."""
+    layer = "business"
+    try:
+        check_business(tool, args, facts, principal)
+        verdicts[layer] = "pass"
+        layer = "authorization"
+        check_authorized(tool, args, facts, principal)
+        verdicts[layer] = "pass"
+        layer = "risk"
+        impact = assess_risk(tool, args, facts, principal)
+        verdicts[layer] = "approval_required" if impact is not None else "no_approval_needed"
+    except ToolError as err:
+        verdicts[layer] = err.code.value
+        raise
+    return impact
+
+
 def schema_details(exc: ValidationError) -> list[dict[str, Any]]:
     details = []
     for err in exc.errors(include_input=False, include_url=False):

@@ -224,18 +224,9 @@ def _deliver(d: _Delivery) -> DeliveryOutcome:
     d.audit["intent_hash"] = intent
 
     # Layers 4–6 read server state: a refusal is the operation's outcome for this intent.
-    layer = "business"
     try:
-        gate.check_business(tool, args, facts, principal)
-        d.verdicts[layer] = "pass"
-        layer = "authorization"
-        gate.check_authorized(tool, args, facts, principal)
-        d.verdicts[layer] = "pass"
-        layer = "risk"
-        impact = gate.assess_risk(tool, args, facts, principal)
-        d.verdicts[layer] = "approval_required" if impact is not None else "no_approval_needed"
+        impact = gate.judge(tool, args, facts, principal, d.verdicts)
     except ToolError as err:
-        d.verdicts[layer] = err.code.value
         return _refuse(d, intent, err, facts.canonical)
 
     if impact is not None:
@@ -254,21 +245,9 @@ def _deliver(d: _Delivery) -> DeliveryOutcome:
 
 
 def _check_call(d: _Delivery) -> tuple[Tool, Arguments]:
-    layer = "allowlist"
-    try:
-        tool = gate.check_allowed(d.rt.registry, d.call.tool_name, d.call.roles)
-        d.verdicts[layer] = "pass"
-        layer = "parse"
-        raw = d.call.arguments
-        arguments = gate.parse_arguments(raw.get(values.RAW_ARGUMENTS, raw))
-        d.verdicts[layer] = "pass"
-        layer = "schema"
-        args = gate.validate_arguments(tool, arguments)
-        d.verdicts[layer] = "pass"
-    except ToolError as err:
-        d.verdicts[layer] = err.code.value
-        raise
-    return tool, args
+    return gate.admit_call(
+        d.rt.registry, d.call.tool_name, d.call.arguments, d.call.roles, d.verdicts
+    )
 
 
 def _resolve(tool: Tool, args: Arguments, principal: Principal, settings: Settings) -> Facts:

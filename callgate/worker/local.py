@@ -70,13 +70,12 @@ class LocalRunner:
     ) -> LocalResult:
         who = principal or self.principal or self._default_principal()
         ran: Tool | None = None
+        verdicts: dict[str, str] = {}
         try:
-            tool = gate.check_allowed(self.registry, tool_name, who.roles)
-            args = gate.validate_arguments(tool, gate.parse_arguments(arguments))
+            # The worker's pipeline, layer for layer (tools.gate).
+            tool, args = gate.admit_call(self.registry, tool_name, arguments, who.roles, verdicts)
             facts = gate.resolve_facts(tool, args, who)
-            gate.check_business(tool, args, facts, who)
-            gate.check_authorized(tool, args, facts, who)
-            impact = gate.assess_risk(tool, args, facts, who)
+            impact = gate.judge(tool, args, facts, who, verdicts)
             if impact is not None:
                 decided = self._decide(approved_by, denied_by, who)
                 if decided is None:
