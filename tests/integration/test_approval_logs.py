@@ -1,5 +1,5 @@
-"""Every approval decision is one INFO state-change record (README, "Logs"), written where the
-CLI and the API both decide: ``callgate.store.approvals``."""
+"""Every approval decision is one INFO state-change record (docs/metrics.md, "Logs"), written
+where the CLI and the API both decide: ``callgate.store.approvals``."""
 
 from __future__ import annotations
 

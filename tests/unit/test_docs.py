@@ -7,6 +7,7 @@
 - every SQL block quoted from the code (first line ``-- callgate.module.CONSTANT``, or
   ``-- excerpt of callgate.module.CONSTANT``) still matches that constant;
 - every relative link in README.md and docs/*.md resolves to a file, and its anchor to a heading;
+- every page of docs/ is listed in the index (docs/README.md) and in README.md's short list;
 - nothing points to a document the repository does not contain.
 """
 
@@ -189,6 +190,29 @@ def test_relative_link_resolves(page: Path, target: str) -> None:
         assert resolved.suffix == ".md", f"{page.name}: anchor on a non-Markdown target {target!r}"
         assert anchor in anchors(resolved), f"{page.name}: no heading for anchor {target!r}"
     assert ROOT in resolved.parents or resolved == ROOT, f"{page.name}: {target!r} leaves the repo"
+
+
+# --- the index ---------------------------------------------------------------------------------
+
+
+def _targets(page: Path) -> set[Path]:
+    found = set()
+    for m in _LINK.finditer(_without_code(page.read_text())):
+        target = (m.group(1) or m.group(2)).partition("#")[0]
+        if target and not re.match(r"^[a-z][a-z0-9+.-]*:", target):
+            found.add((page.parent / target).resolve())
+    return found
+
+
+@pytest.mark.parametrize("index", [DOCS / "README.md", README], ids=["docs/README.md", "README.md"])
+def test_every_docs_page_is_in_the_index(index: Path) -> None:
+    listed = _targets(index)
+    missing = [
+        str(p.relative_to(ROOT))
+        for p in sorted(DOCS.rglob("*.md"))
+        if p.resolve() not in listed and p != index and p.name != "README.md"
+    ]
+    assert missing == [], f"{index.relative_to(ROOT)} does not link to {missing}"
 
 
 # --- standing alone ----------------------------------------------------------------------------

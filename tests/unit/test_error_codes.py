@@ -6,13 +6,13 @@ from pathlib import Path
 
 from callgate.core.errors import RETRYABLE_CODES, CallgateError, ErrorCode, ToolError
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+ERRORS = Path(__file__).resolve().parents[2] / "docs" / "errors.md"
 
 
-def test_every_code_is_in_the_readme_table() -> None:
-    text = README.read_text()
-    missing = [c.value for c in ErrorCode if f"`{c.value}`" not in text]
-    assert missing == []
+def test_every_code_is_in_the_error_table() -> None:
+    text = ERRORS.read_text()
+    missing = [c.value for c in ErrorCode if f"| `{c.value}` |" not in text]
+    assert missing == [], f"give these codes a row in docs/errors.md: {missing}"
 
 
 def test_retryable_codes_are_exactly_the_transient_ones() -> None:

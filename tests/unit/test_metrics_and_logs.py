@@ -256,15 +256,15 @@ def test_json_logs_stay_redacted(restore_logging: None) -> None:
     assert "Traceback" in doc["exception"] and doc["call_id"] == "c"
 
 
-def test_the_readme_settings_table_names_the_metrics_and_log_variables() -> None:
+def test_the_settings_table_names_the_metrics_and_log_variables() -> None:
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    settings = (Path(__file__).resolve().parents[2] / "docs" / "configuration.md").read_text()
     for name in (
         "CALLGATE_METRICS_PORT",
         "CALLGATE_METRICS_HOST",
         "CALLGATE_STATE_METRICS",
         "CALLGATE_LOG_FORMAT",
     ):
-        assert f"| `{name}` |" in readme, name
-    assert "docs/metrics.md" in readme
+        assert f"| `{name}` |" in settings, name
+    assert "](metrics.md)" in settings
