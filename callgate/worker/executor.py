@@ -37,7 +37,7 @@ from callgate.core.types import TERMINAL_STATES
 from callgate.observe import metrics, tracing
 from callgate.queue import transport
 from callgate.store import approvals, calls, db, endings, reservations
-from callgate.store.trace import attempt_spans
+from callgate.store.audit import attempt_spans
 from callgate.tools import gate, redaction, results
 from callgate.tools.intent import idempotency_key, intent_hash
 from callgate.tools.registry import Arguments, ExecutionContext, Facts, Principal, Tool

@@ -15,7 +15,7 @@ from sqlalchemy import Engine, text
 from callgate.core.settings import Settings
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
-from callgate.store import trace as store_trace
+from callgate.store import audit as store_audit
 
 SUPPORT_A = {
     "request_id": "req-t",
@@ -104,7 +104,7 @@ def trace_events(engine: Engine, call_ref: str, event: str | None = None) -> lis
 
 def handler_intervals(engine: Engine, refs: list[str]) -> dict[str, tuple[Any, Any]]:
     """Each started call's [started, ended] interval by ref (a read's from its audit)."""
-    found = store_trace.execution_intervals(engine, refs=refs)
+    found = store_audit.execution_intervals(engine, refs=refs)
     return {ref: (started, ended) for ref, (_, started, ended) in found.items() if started}
 
 

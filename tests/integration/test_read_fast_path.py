@@ -25,7 +25,7 @@ from callgate.core.settings import Settings
 from callgate.daemons import sweeper
 from callgate.producer import Producer
 from callgate.queue import deliveries, transport
-from callgate.store import db, endings, trace
+from callgate.store import audit, db, endings
 from callgate.tools.registry import READ_ONLY, ExecutionContext, Registry, Tool
 from callgate.worker import executor
 from callgate.worker.events import DeliveryOutcome
@@ -144,7 +144,7 @@ def test_a_read_ends_in_one_statement_with_no_reservation(world: World) -> None:
     assert world.count("outbox", ref) == 1
     assert world.count("trace_events", ref) == 0
     # `callgate trace` shows the audit stored on the call as its `completed` event.
-    shown = trace.events(world.engine, str(ref))
+    shown = audit.events(world.engine, str(ref))
     assert [(e["event"], e["detail"]["status"]) for e in shown] == [("completed", "succeeded")]
     assert "delivery" not in shown[0]["detail"]
 
@@ -168,7 +168,7 @@ def test_a_read_delivered_twice_may_run_twice_and_ends_once(world: World) -> Non
     assert world.count("outbox", ref) == 1  # one result published
     row = world.one("SELECT state, result FROM callgate.calls WHERE id = :r", r=ref)
     assert row.state == "succeeded" and row.result["data"]["content"]["run"] in (1, 2)
-    events = [e["event"] for e in trace.events(world.engine, str(ref))]
+    events = [e["event"] for e in audit.events(world.engine, str(ref))]
     assert sorted(events) == ["completed", "duplicate_delivery"]
 
 

@@ -15,7 +15,7 @@ from callgate.core.types import CallContext, ProposedCall
 from callgate.ops.cli.turns import trace_cmd
 from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
-from callgate.store import db, reservations, trace, turns
+from callgate.store import audit, db, reservations, turns
 
 CTX = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 
@@ -53,7 +53,7 @@ def test_a_reused_call_id_is_traced_per_turn(own: tuple[Engine, str]) -> None:
     first = _turn(engine, call_id, "get_order")
     second = _turn(engine, call_id, "send_email")
 
-    events = trace.events(engine, call_id)
+    events = audit.events(engine, call_id)
     by_turn = {str(t): [e for e in events if e["turn_id"] == str(t)] for t in (first, second)}
     assert all(by_turn.values()) and sum(map(len, by_turn.values())) == len(events)
     assert {e["tool_name"] for e in by_turn[str(first)]} == {"get_order"}

@@ -15,7 +15,7 @@ from callgate.ops.cli.common import SURFACES, checked_engine, load_settings, rea
 from callgate.producer import Producer, intake
 from callgate.producer.intake import NO_CALLS, redacted_trace, tool_definitions
 from callgate.producer.validation import check_timeout
-from callgate.store import db, tool_catalog, trace
+from callgate.store import audit, db, tool_catalog
 from callgate.tools import retrieval
 
 # The table's data | error column: a value longer than this is cut, never silently.
@@ -223,7 +223,7 @@ def trace_cmd(turn_or_call: str, as_json: bool) -> None:
     settings = load_settings()
     engine = checked_engine(settings.require_database(), application_name="callgate-trace")
     with db.translate_errors("trace"):
-        events = redacted_trace(trace.events(engine, turn_or_call))
+        events = redacted_trace(audit.events(engine, turn_or_call))
     if as_json:
         click.echo(json.dumps(events, default=str))
         return

@@ -32,7 +32,7 @@ from callgate.ops.http.settings import MAX_BODY_BYTES
 from callgate.producer import intake
 from callgate.producer.validation import MAX_ID_LENGTH, check_id, check_timeout
 from callgate.queue import transport
-from callgate.store import api_keys, approvals, db, trace, turns
+from callgate.store import api_keys, approvals, audit, db, turns
 from callgate.store.api_keys import KeyHolder
 from callgate.tools import retrieval
 
@@ -487,7 +487,7 @@ def call_trace(
     like a missing one): every layer's verdict, never arguments, results or owner tokens."""
     user = None if who.reads_tenant_traces else who.user_id
     with db.translate_errors("trace"):
-        events = trace.events(services(request).engine, call, tenant=who.tenant_id, user=user)
+        events = audit.events(services(request).engine, call, tenant=who.tenant_id, user=user)
     return intake.redacted_trace(events)
 
 

@@ -27,7 +27,7 @@ from callgate.ops.lab.demo.tools import DEMO_TOOLS
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
 from callgate.queue import transport
-from callgate.store import approvals, trace
+from callgate.store import approvals, audit
 
 READ_DELAYS = "get_weather=120,get_stock=280,get_news=200"
 READ_ATTEMPTS = 3
@@ -347,8 +347,8 @@ def _outbox_rows(engine: Engine, call_ref: str) -> int:
 
 def _execution_intervals(engine: Engine, turn_id: str) -> dict[str, tuple[Any, Any]]:
     """Per call, when its handler started and when its completion committed, on Postgres'
-    clock (``store.trace.execution_intervals``)."""
-    found = trace.execution_intervals(engine, turn_id=turn_id)
+    clock (``store.audit.execution_intervals``)."""
+    found = audit.execution_intervals(engine, turn_id=turn_id)
     return {call_id: (started, ended) for call_id, started, ended in found.values()}
 
 
@@ -389,7 +389,7 @@ def _wait_for_trace(
 def _print_trace(engine: Engine, turn_id: str, out: TextIO) -> None:
     out.write(f"\nturn {turn_id}\n")
     out.write(f"  {'call_id':<22}{'tool':<16}{'event':<22}{'gen':<5}detail\n")
-    for e in trace.events(engine, turn_id):
+    for e in audit.events(engine, turn_id):
         detail = _compact(e["detail"])
         gen = "" if e["generation"] is None else str(e["generation"])
         who = f"{e['call_id'] or '':<22}{e['tool_name'] or '':<16}"

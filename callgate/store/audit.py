@@ -1,4 +1,7 @@
-"""Reading the audit trace of a turn or a call. Owner tokens are never stored, so never shown."""
+"""Reading the audit trail of a turn or a call: the gate's verdicts, reservations, takeovers
+and endings callgate recorded in PostgreSQL (``callgate.trace_events``, and a read's audit on
+its call row), as ``callgate trace`` and the API's trace route show them. Not OpenTelemetry:
+its spans are ``callgate.observe.tracing``'s. Owner tokens are never stored, so never shown."""
 
 from __future__ import annotations
 
