@@ -23,7 +23,7 @@ from callgate.producer import Producer
 from callgate.tools.registry import Downstream, ExecutionContext, Registry, SideEffect, Tool
 from callgate.worker import executor
 from callgate.worker.runtime import Runtime
-from tests.integration.worlds import in_process
+from tests.integration.worlds import call_row, in_process, lease_expired, submit_one
 
 CONTEXT = {"request_id": "req-keys", "tenant_id": "t1", "user_id": "u1", "roles": ["support"]}
 DAY = 24 * 3600.0
@@ -62,11 +62,7 @@ class World:
     gateway: Gateway
 
     def submit(self) -> tuple[uuid.UUID, str]:
-        turn = self.producer.submit(
-            [{"call_id": "c1", "tool_name": "charge", "arguments": {"amount": 5}}], CONTEXT
-        )
-        (call,) = turn.calls
-        return uuid.UUID(call.ref), call.operation_id
+        return submit_one(self.producer, "charge", {"amount": 5}, CONTEXT)
 
     def key_sent_hours_ago(self, operation_id: str, hours: float) -> None:
         with self.engine.begin() as conn:
@@ -79,22 +75,10 @@ class World:
             )
 
     def lease_expired(self, operation_id: str) -> bool:
-        with self.engine.connect() as conn:
-            return bool(
-                conn.execute(
-                    text(
-                        "SELECT lease_expires_at < now() FROM callgate.operations"
-                        " WHERE operation_id = :o"
-                    ),
-                    {"o": operation_id},
-                ).scalar_one()
-            )
+        return lease_expired(self.engine, operation_id)
 
     def call(self, ref: uuid.UUID) -> Any:
-        with self.engine.connect() as conn:
-            return conn.execute(
-                text("SELECT state, result FROM callgate.calls WHERE id = :r"), {"r": ref}
-            ).one()
+        return call_row(self.engine, ref)
 
 
 def _world(database_url: str, redis_url: str, queue_name: str, *, lookup: bool) -> World:

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel, ConfigDict
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine
 
 from callgate.producer import Producer
 from callgate.tools.registry import Downstream, ExecutionContext, Registry, SideEffect, Tool
 from callgate.worker import executor, retry
 from callgate.worker.runtime import Runtime
-from tests.integration.worlds import in_process
+from tests.integration.worlds import call_row, in_process, lease_expired, submit_one
 
 CONTEXT = {"request_id": "req-keyed", "tenant_id": "t1", "user_id": "u1", "roles": ["support"]}
 ATTEMPTS = 2  # CALLGATE_RETRY_ATTEMPTS: each delivery runs the handler at most this often
@@ -56,33 +56,17 @@ class World:
     gateway: Gateway
 
     def submit(self) -> tuple[uuid.UUID, str]:
-        turn = self.producer.submit(
-            [{"call_id": "c1", "tool_name": "charge", "arguments": {"amount": 5}}], CONTEXT
-        )
-        (call,) = turn.calls
-        return uuid.UUID(call.ref), call.operation_id
+        return submit_one(self.producer, "charge", {"amount": 5}, CONTEXT)
 
     def call(self, ref: uuid.UUID) -> Any:
-        with self.engine.connect() as conn:
-            return conn.execute(
-                text("SELECT state, result FROM callgate.calls WHERE id = :r"), {"r": ref}
-            ).one()
+        return call_row(self.engine, ref)
 
     def wait_for_lease_to_expire(self, operation_id: str) -> None:
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            with self.engine.connect() as conn:
-                expired = conn.execute(
-                    text(
-                        "SELECT lease_expires_at < now() FROM callgate.operations"
-                        " WHERE operation_id = :o"
-                    ),
-                    {"o": operation_id},
-                ).scalar_one()
-            if expired:
-                return
+        while not lease_expired(self.engine, operation_id):
+            if time.monotonic() > deadline:
+                raise AssertionError("the lease did not expire")
             time.sleep(0.1)
-        raise AssertionError("the lease did not expire")
 
 
 def _world(

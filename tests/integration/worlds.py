@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import uuid
+from typing import Any
+
 import redis
-from sqlalchemy import Engine
+from sqlalchemy import Engine, text
 
 from callgate.core.settings import Settings
 from callgate.producer import Producer
@@ -39,3 +42,34 @@ def in_process(
         settings=settings, engine=engine, redis_connection=connection, registry=registry
     )
     return rt, producer, engine
+
+
+def submit_one(
+    producer: Producer, tool: str, arguments: dict[str, Any], context: dict[str, Any]
+) -> tuple[uuid.UUID, str]:
+    """Submit one call; its ref and operation id."""
+    turn = producer.submit([{"call_id": "c1", "tool_name": tool, "arguments": arguments}], context)
+    (call,) = turn.calls
+    return uuid.UUID(call.ref), call.operation_id
+
+
+def call_row(engine: Engine, ref: uuid.UUID) -> Any:
+    """The call's state and result, as Postgres holds them."""
+    with engine.connect() as conn:
+        return conn.execute(
+            text("SELECT state, result FROM callgate.calls WHERE id = :r"), {"r": ref}
+        ).one()
+
+
+def lease_expired(engine: Engine, operation_id: str) -> bool:
+    """Whether the operation's lease has run out, on Postgres' clock."""
+    with engine.connect() as conn:
+        return bool(
+            conn.execute(
+                text(
+                    "SELECT lease_expires_at < now() FROM callgate.operations"
+                    " WHERE operation_id = :o"
+                ),
+                {"o": operation_id},
+            ).scalar_one()
+        )
