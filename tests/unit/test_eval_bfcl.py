@@ -13,7 +13,7 @@ import pytest
 from click.testing import CliRunner
 
 from callgate.core.errors import InputError
-from callgate.ops.lab.eval import bfcl, stubs
+from callgate.ops.lab.eval import bfcl, bfcl_decode, stubs
 from callgate.ops.lab.eval.cli import eval_group
 from callgate.ops.lab.eval.fixture import Suite, load_suite, with_responses
 from callgate.ops.lab.eval.matchers import BfclSpec, bfcl_matches, standardize
@@ -115,8 +115,13 @@ def test_a_wrong_tool_fails_selection_on_the_real_extract(tmp_path: Path) -> Non
     results.write_text(
         json.dumps({"id": "multiple_0", "result": [{"circle_properties_get": {"radius": 5}}]})
         + "\n"
+        # One file, one convention: a function-calling model's (underscore_to_dot), as the
+        # list of calls says; it spells math.triangle_area_heron with underscores.
         + json.dumps(
-            {"id": "multiple_1", "result": "[math.triangle_area_heron(side1=3, side2=4, side3=5)]"}
+            {
+                "id": "multiple_1",
+                "result": [{"math_triangle_area_heron": '{"side1": 3, "side2": 4, "side3": 5}'}],
+            }
         )
         + "\n"
     )
@@ -290,13 +295,16 @@ def test_a_name_defined_twice_differently_gets_a_second_name(tmp_path: Path) -> 
 
 
 def test_python_calls_are_parsed_never_run() -> None:
-    assert bfcl.parse_python_calls("[f(a=1), pkg.g(b='x', c=[1, 2])]") == [
+    assert bfcl_decode.decode_prompt("[f(a=1), pkg.g(b='x', c=[1, 2])]") == [
         ("f", {"a": 1}),
         ("pkg.g", {"b": "x", "c": [1, 2]}),
     ]
-    assert bfcl.parse_python_calls("[__import__('os').system('true')]") is None
-    assert bfcl.parse_python_calls("[f(a=open('x'))]") is None
-    assert bfcl.parse_python_calls("It is sunny.") is None
+    # Decoded as BFCL decodes them (a call named ``system``; a call as an argument is its
+    # text), and nothing in them runs.
+    assert bfcl_decode.decode_prompt("[__import__('os').system('true')]") == [("system", {})]
+    assert bfcl_decode.decode_prompt("[f(a=open('x'))]") == [("f", {"a": "open('x')"})]
+    assert bfcl_decode.decode_prompt("[f(a=open('x').read() + 'y')]") is None
+    assert bfcl_decode.decode_prompt("It is sunny.") is None
 
 
 @pytest.mark.parametrize(

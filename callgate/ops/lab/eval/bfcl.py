@@ -9,7 +9,12 @@ The format (docs/eval.md, "Importing BFCL", cites its source): one JSON object a
   among a parameter's values meaning it may be left out;
 - a model's results: ``{"id", "result"}``, ``result`` a list of ``{tool: {param: value}}``
   (function-calling models; the arguments may be a JSON string) or a string of Python calls,
-  ``"[get_weather(city='Seoul')]"`` (prompting models; read with ``ast``, never run).
+  ``"[get_weather(city='Seoul')]"`` (prompting models), decoded as BFCL decodes them
+  (``bfcl_decode``; nothing in them runs).
+
+The fixtures check what BFCL's ``ast_checker`` checks: the tool named as the model's
+convention shows it, every argument against the possible answer and the function's own
+definition, a parallel set matched greedily in BFCL's order.
 
 ``build`` is pure over the parsed lines; ``read_lines`` and ``write_suite`` do the I/O. Bad
 input is one ``invalid_input`` error naming the file, the line and the field.
@@ -17,7 +22,6 @@ input is one ``invalid_input`` error naming the file, the line and the field.
 
 from __future__ import annotations
 
-import ast
 import json
 import os
 import re
@@ -32,7 +36,8 @@ from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
 
 from callgate.core.errors import InputError
-from callgate.ops.lab.eval import inputs
+from callgate.ops.lab.eval import bfcl_decode, inputs
+from callgate.ops.lab.eval.bfcl_decode import Style
 from callgate.ops.lab.eval.matchers import BFCL_TYPES
 from callgate.producer.adapters.names import wire_name
 
@@ -211,6 +216,7 @@ class Imported:
     fixtures: list[dict[str, Any]]
     answer: str | None = None
     unanswered: list[str] = field(default_factory=list)  # fixtures the results left out
+    style: Style = "prompt"  # the model's naming convention the suite's tools follow
 
 
 def build(
@@ -220,9 +226,15 @@ def build(
     answers: Sequence[Line],
     results: Sequence[Line] = (),
     answer: str | None = None,
+    style: Style | None = None,
 ) -> Imported:
-    """The suite for BFCL ``category``'s questions, possible answers and (optional) results."""
+    """The suite for BFCL ``category``'s questions, possible answers and (optional) results.
+
+    ``style`` is the model's convention (``bfcl_decode.Style``; default from the results,
+    ``style_of``): its tools are named as such a model is shown them, and its results
+    decoded as BFCL decodes that model's."""
     kind = CATEGORIES[category]
+    style = style or style_of(results)
     truth = {a.id: a for a in answers}
     given = {r.id: r for r in results}
     asked = {q.id for q in questions}
@@ -236,7 +248,7 @@ def build(
         if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", q.id) or len(q.id) > 120:
             raise q.fail("id", f"{q.id!r} is not usable as a fixture id ([A-Za-z0-9][\\w.-]*)")
         docs = functions(q)
-        names = {f["name"]: _stub_name(q, i, f, stubs) for i, f in enumerate(docs)}
+        names = {f["name"]: _stub_name(q, i, f, stubs, style) for i, f in enumerate(docs)}
         calls: list[dict[str, Any]] = []
         if kind != "irrelevance":
             found = truth.get(q.id)
@@ -246,13 +258,16 @@ def build(
         turn: dict[str, Any] = {
             "answers": {},
             "calls": calls,
+            # BFCL matches a parallel set greedily: each possible answer, in order, takes the
+            # first call left that passes it (parallel_function_checker_no_order).
+            "greedy": kind in ("parallel", "parallel_multiple"),
             "executor": {
                 n: {"outcome": "succeeded", "always": True, "effects": 0} for n in names.values()
             },
         }
         if answer is not None:
             if q.id in given:
-                response = _response(given[q.id], names, answer)
+                response = _response(given[q.id], docs, names, answer, style)
                 turn["answers"] = {answer: {SURFACE: response}}
             else:
                 unanswered.append(q.id)
@@ -266,33 +281,35 @@ def build(
                 "turns": [turn],
             }
         )
-    return Imported(name, category, list(stubs.values()), fixtures, answer, unanswered)
+    return Imported(name, category, list(stubs.values()), fixtures, answer, unanswered, style)
 
 
 def _stub_name(
-    line: Line, index: int, doc: Mapping[str, Any], stubs: dict[str, dict[str, Any]]
+    line: Line, index: int, doc: Mapping[str, Any], stubs: dict[str, dict[str, Any]], style: Style
 ) -> str:
-    """The suite's name for a function doc: its own, unless another entry defined that name
-    differently (one registry serves the suite): then ``NAME__2`` and on."""
+    """The suite's name for a function doc: the name a model of ``style`` is shown
+    (``math_hypot`` for an underscore_to_dot FC model), unless another entry defined that
+    name differently (one registry serves the suite): then ``NAME__2`` and on."""
     where = f"function[{index}].parameters"
     schema = json_schema(doc.get("parameters", {"type": "dict", "properties": {}}))
     try:
         Draft202012Validator.check_schema(schema)
     except SchemaError as exc:
         raise line.fail(where, f"not a usable schema once converted ({exc.message})") from None
+    shown = bfcl_decode.visible_name(doc["name"], style)
     definition = {
-        "name": doc["name"],
+        "name": shown,
         "description": str(doc.get("description", "")),
         "parameters": schema,
     }
     n = 1
     while True:
-        candidate = doc["name"] if n == 1 else f"{doc['name']}__{n}"
+        candidate = shown if n == 1 else f"{shown}__{n}"
         known = stubs.get(candidate)
         if known is None:
             stubs[candidate] = {**definition, "name": candidate}
             return candidate
-        if {**known, "name": doc["name"]} == definition:
+        if {**known, "name": shown} == definition:
             return candidate
         n += 1
 
@@ -322,64 +339,102 @@ def _expected(
             where = f"ground_truth[{i}].{tool}.{param}"
             if not isinstance(values, list):  # [] accepts nothing: BFCL's data has a few
                 raise found.fail(where, "must be a list of acceptable values")
-            found_doc = props.get(param)
-            declared: dict[str, Any] = found_doc if isinstance(found_doc, dict) else {}
-            kind = declared.get("type", "any")
-            if kind not in BFCL_TYPES:
-                raise found.fail(where, f"type {kind!r} is not one of BFCL's Python types")
-            items = (declared.get("items") or {}).get("type")
-            spec: dict[str, Any] = {"type": kind, "values": values}
-            if kind in ("array", "tuple") and items in BFCL_TYPES:
-                spec["items"] = items
-            if param in required:
-                spec["required"] = True
-            arguments[param] = {"bfcl": spec}
+            arguments[param] = {"bfcl": _spec(found, where, param, props, values, required)}
+            if param not in props:
+                # BFCL checks a given argument against the definition too: one the function
+                # does not declare fails, whatever the possible answer lists.
+                arguments[param]["bfcl"]["declared"] = False
+        for param in sorted(required - set(params)):
+            # Required by the definition, absent from the possible answer: BFCL fails the
+            # call whether it is left out (missing) or given (not in the answer).
+            where = f"ground_truth[{i}].{tool}.{param}"
+            arguments[param] = {"bfcl": _spec(found, where, param, props, [], required)}
         calls.append({"name": names[tool], "arguments": arguments})
     return calls
+
+
+def _spec(
+    found: Line,
+    where: str,
+    param: str,
+    props: Mapping[str, Any],
+    values: list[Any],
+    required: set[str],
+) -> dict[str, Any]:
+    """A ``bfcl`` matcher: the type the definition declares, BFCL's acceptable values."""
+    doc = props.get(param)
+    declared: dict[str, Any] = doc if isinstance(doc, dict) else {}
+    kind = declared.get("type", "any")
+    if kind not in BFCL_TYPES:
+        raise found.fail(where, f"type {kind!r} is not one of BFCL's Python types")
+    items = (declared.get("items") or {}).get("type")
+    spec: dict[str, Any] = {"type": kind, "values": values}
+    if kind in ("array", "tuple") and items in BFCL_TYPES:
+        spec["items"] = items
+    if param in required:
+        spec["required"] = True
+    return spec
 
 
 # A model's recorded results ------------------------------------------------------------
 
 
-def _response(result: Line, names: Mapping[str, str], model: str) -> dict[str, Any]:
-    """The result as an openai-chat completion: its calls as tool_calls, or its text."""
+def style_of(results: Sequence[Line]) -> Style:
+    """The convention of a result file whose model's was not given: a file with any list of
+    calls is a function-calling model's, taken to write names as BFCL's ``underscore_to_dot``
+    models do (most of BFCL's FC configurations, OpenAI, Claude and Gemini among them); a
+    file of strings only is a prompting model's."""
+    if any(isinstance(r.doc.get("result"), list) for r in results):
+        return "fc-underscore"
+    return "prompt"
+
+
+def _response(
+    result: Line,
+    docs: Sequence[Mapping[str, Any]],
+    names: Mapping[str, str],
+    model: str,
+    style: Style,
+) -> dict[str, Any]:
+    """The result as an openai-chat completion: the calls BFCL's decoder finds in it as
+    tool_calls, or, where it finds none, its text (no call)."""
     raw = result.doc.get("result")
-    calls: list[tuple[str, Any]] | None
-    if isinstance(raw, str):
-        calls = parse_python_calls(raw)
-    elif isinstance(raw, list):
-        calls = []
-        for i, item in enumerate(raw):
-            if not isinstance(item, dict) or len(item) != 1:
-                raise result.fail(f"result[{i}]", "must be one {function: {arg: value}}")
-            func, args = next(iter(item.items()))
-            if isinstance(args, str):
-                where = f"{result.file}:{result.number}: field result[{i}].{func}"
-                inputs.check_json_depth(args, where)
-                try:
-                    args = json.loads(args)
-                except json.JSONDecodeError:
-                    raise result.fail(f"result[{i}].{func}", "arguments are not JSON") from None
-            if not isinstance(args, dict):
-                raise result.fail(f"result[{i}].{func}", "arguments must be an object")
-            calls.append((func, args))
-    else:
+    if not isinstance(raw, str | list):
         raise result.fail("result", "must be a list of calls or a string of Python calls")
+    if isinstance(raw, list):
+        for i, item in enumerate(raw):
+            for func, args in item.items() if isinstance(item, dict) else ():
+                if isinstance(args, str):  # bounded before BFCL's json.loads reads it
+                    inputs.check_json_depth(
+                        args, f"{result.file}:{result.number}: field result[{i}].{func}"
+                    )
+    calls = bfcl_decode.decode(raw, style)
+    by_visible = {bfcl_decode.visible_name(d["name"], style): d for d in docs}
     message: dict[str, Any] = {"role": "assistant", "content": None}
     if calls:
-        message["tool_calls"] = [
-            {
-                "id": f"call_{i}",
-                "type": "function",
-                "function": {
-                    "name": wire_name(SURFACE, _tool_of(func, names), check_length=False),
-                    "arguments": json.dumps(args, ensure_ascii=False),
-                },
-            }
-            for i, (func, args) in enumerate(calls, 1)
-        ]
+        tool_calls = []
+        for i, (func, args) in enumerate(calls, 1):
+            doc = by_visible.get(func)
+            declared = ((doc.get("parameters") or {}).get("properties") or {}) if doc else {}
+            # A name the model's convention does not give any offered function stays as
+            # written, so it is a tool the model was not shown (BFCL: wrong function name);
+            # an empty one (``a[0](x=1)``) is shown as the callee's text.
+            tool = names[doc["name"]] if doc else func or "(no name)"
+            tool_calls.append(
+                {
+                    "id": f"call_{i}",
+                    "type": "function",
+                    "function": {
+                        "name": wire_name(SURFACE, tool, check_length=False),
+                        "arguments": json.dumps(
+                            bfcl_decode.arguments_json(args, declared), ensure_ascii=False
+                        ),
+                    },
+                }
+            )
+        message["tool_calls"] = tool_calls
     else:
-        message["content"] = raw if isinstance(raw, str) else ""
+        message["content"] = raw if isinstance(raw, str) else json.dumps(raw)
     return {
         "id": f"chatcmpl-bfcl-{result.id}",
         "object": "chat.completion",
@@ -393,65 +448,6 @@ def _response(result: Line, names: Mapping[str, str], model: str) -> dict[str, A
             }
         ],
     }
-
-
-def _tool_of(func: str, names: Mapping[str, str]) -> str:
-    """The suite's tool a result names: the entry's own function (BFCL's function-calling
-    models spell ``math.factorial`` as ``math_factorial``, as its checker allows), or the
-    name as given (a tool the question did not offer stays unknown)."""
-    if func in names:
-        return names[func]
-    underscored = [n for n in names if n.replace(".", "_") == func]
-    if len(underscored) == 1:
-        return names[underscored[0]]
-    return func
-
-
-def parse_python_calls(text: str) -> list[tuple[str, Any]] | None:
-    """``"[f(a=1), pkg.g(b='x')]"`` → ``[("f", {"a": 1}), ("pkg.g", {"b": "x"})]``; ``None``
-    when the text is no list of calls with literal keyword arguments (a prose answer).
-    Parsed with ``ast`` and ``ast.literal_eval``: nothing in it ever runs."""
-    body = text.strip()
-    body = re.sub(r"^```(?:python)?\s*|\s*```$", "", body).strip()
-    if not body:
-        return None
-    if not body.startswith("["):
-        body = f"[{body}]"
-    try:
-        tree = ast.parse(body, mode="eval").body
-    except (SyntaxError, ValueError, MemoryError, RecursionError):
-        # Not Python (a NUL byte), or nested past what Python's parser takes: prose too.
-        return None
-    if not isinstance(tree, ast.List | ast.Tuple):
-        return None
-    calls = []
-    for node in tree.elts:
-        if not isinstance(node, ast.Call) or node.args:
-            return None
-        func = _dotted(node.func)
-        if func is None:
-            return None
-        args = {}
-        for kw in node.keywords:
-            if kw.arg is None:
-                return None
-            try:
-                args[kw.arg] = ast.literal_eval(kw.value)
-            except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
-                return None
-            if isinstance(args[kw.arg], tuple):
-                args[kw.arg] = list(args[kw.arg])
-        calls.append((func, args))
-    return calls
-
-
-def _dotted(node: ast.expr) -> str | None:
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        inner = _dotted(node.value)
-        return None if inner is None else f"{inner}.{node.attr}"
-    return None
 
 
 # The suite on disk ---------------------------------------------------------------------

@@ -18,7 +18,7 @@ import click
 from callgate.core.errors import InputError
 from callgate.ops.cli.common import load_settings
 from callgate.ops.flags import setting_option
-from callgate.ops.lab.eval import bfcl, inputs, retrieval
+from callgate.ops.lab.eval import bfcl, bfcl_decode, inputs, retrieval
 from callgate.ops.lab.eval import compare as comparing
 from callgate.ops.lab.eval import report as reporting
 from callgate.ops.lab.eval.fixture import SURFACES, load_suite, with_responses
@@ -230,6 +230,17 @@ def _report(path: Path, max_bytes: int) -> dict[str, object]:
     default=None,
     help="BFCL's category, when neither the file name nor the ids say it.",
 )
+@click.option(
+    "--model-style",
+    "style",
+    type=click.Choice(["auto", *bfcl_decode.STYLES]),
+    default="auto",
+    show_default=True,
+    help="The model's convention, as BFCL scores it: fc-underscore (function calling, "
+    "underscore_to_dot: writes math_hypot for math.hypot; OpenAI, Claude, Gemini), fc "
+    "(function calling, names as defined), prompt (Python calls in text); auto: "
+    "fc-underscore if --results has any list of calls, else prompt.",
+)
 @inputs.max_file_bytes_option
 def import_bfcl_cmd(
     questions: Path,
@@ -238,6 +249,7 @@ def import_bfcl_cmd(
     results: Path | None,
     answer: str | None,
     category: str | None,
+    style: str,
     max_bytes: int,
 ) -> None:
     """Turn BFCL question (and possible-answer) files into a suite of read-only stub tools
@@ -257,11 +269,13 @@ def import_bfcl_cmd(
     if answer is not None and not re.fullmatch(r"[\w.-]{1,120}", answer):
         raise InputError(f"--name {answer!r}: letters, digits, '_', '.' and '-' only")
     target = out or Path(f"bfcl-{found.replace('_', '-')}")
-    imported = bfcl.build(target.name, found, asked, truth, recorded, answer)
+    chosen = next((s for s in bfcl_decode.STYLES if s == style), None)  # None: auto
+    imported = bfcl.build(target.name, found, asked, truth, recorded, answer, chosen)
     bfcl.write_suite(imported, target)
     click.echo(
         f"wrote {target}: {len(imported.fixtures)} fixtures ({found}), "
-        f"{len(imported.tools)} read-only stub tools"
+        f"{len(imported.tools)} read-only stub tools (named for --model-style "
+        f"{imported.style})"
     )
     if answer is not None:
         if imported.unanswered:

@@ -126,6 +126,9 @@ class Turn(_Strict):
     answers: Answers  # answer set name (good, bad…) → surface → recorded response
     calls: list[ExpectedCall]  # [] for a turn that must call nothing (irrelevance)
     ordered: bool = False  # parallel sets match in any order unless this says otherwise
+    # In any order, but as BFCL's checker matches: each expected call, in order, takes the
+    # first proposed call left that matches it (no search for a better assignment).
+    greedy: bool = False
     executor: dict[Name, Outcome] = Field(default_factory=dict)
     final: FinalAnswer | None = None
 

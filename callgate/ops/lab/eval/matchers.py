@@ -6,7 +6,7 @@ either bound optional, both inclusive), ``{regex: PATTERN}`` (the whole string) 
 must match when given. A bare value is ``exact``. Numbers compare by value (``3`` matches
 ``3.0``), never a bool for a number.
 
-``{bfcl: {type, items, values, required}}`` checks a value the way BFCL's AST checker does
+``{bfcl: {type, items, values, required, declared}}`` checks a value the way BFCL's AST checker does
 (``bfcl_matches``; docs/eval.md cites the source): ``values`` is BFCL's list of acceptable
 values for one parameter, ``""`` among them meaning it may be left out (unless ``required``).
 """
@@ -85,6 +85,9 @@ class BfclSpec(_Strict):
     ) = None
     values: list[Any]
     required: bool = False  # the function declares it required: never left out
+    # False: the function's definition lacks the parameter, so any value given fails (BFCL's
+    # "unexpected parameter"); it may still be left out when "" is among the values.
+    declared: bool = True
 
 
 class Bfcl(_Strict):
@@ -186,6 +189,8 @@ def standardize(text: str) -> str:
 
 
 def bfcl_matches(spec: BfclSpec, value: Any) -> bool:
+    if not spec.declared:
+        return False
     kind = BFCL_TYPES[spec.type]
     nested = BFCL_TYPES[spec.items] if spec.items else None
     if spec.type == "float" and type(value) is int:

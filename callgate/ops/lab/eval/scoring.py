@@ -129,10 +129,15 @@ def score(run: TurnRun) -> list[Check]:
 
 
 def match_calls(
-    expected: Sequence[ExpectedCall], proposed: Sequence[Proposed], ordered: bool
+    expected: Sequence[ExpectedCall],
+    proposed: Sequence[Proposed],
+    ordered: bool,
+    greedy: bool = False,
 ) -> dict[int, int]:
     """Expected index → proposed index, each used once, as many as possible (order-free
-    unless ``ordered``). Small sets: a plain search over assignments."""
+    unless ``ordered``). Small sets: a plain search over assignments. ``greedy``: BFCL's
+    matcher instead, each expected call in order taking the first proposed one left that
+    matches it, so a set BFCL fails for one order of right calls fails here too."""
     pairs = [
         [
             j
@@ -145,6 +150,13 @@ def match_calls(
     ]
     if ordered:
         return {i: i for i in range(min(len(expected), len(proposed))) if i in pairs[i]}
+    if greedy:
+        taken: dict[int, int] = {}
+        for i, candidates in enumerate(pairs):
+            free = [j for j in candidates if j not in taken.values()]
+            if free:
+                taken[i] = free[0]
+        return taken
     best: dict[int, int] = {}
 
     def search(i: int, used: dict[int, int]) -> None:
@@ -211,7 +223,7 @@ def model_checks(run: TurnRun) -> list[Check]:
             f"{p.name} arguments valid for its schema",
             "valid" if not problems else _problems(problems),
         )
-    matched = match_calls(expected, run.proposed, run.expect.ordered)
+    matched = match_calls(expected, run.proposed, run.expect.ordered, run.expect.greedy)
     for i, e in enumerate(expected):
         check(
             "argument_accuracy",
@@ -283,7 +295,9 @@ def executor_checks(run: TurnRun) -> list[Check]:
     if not run.proposed or run.read_error:
         return out
     by_id = {e.call_id: e for e in run.executed}
-    matched = set(match_calls(run.expect.calls, run.proposed, run.expect.ordered).values())
+    matched = set(
+        match_calls(run.expect.calls, run.proposed, run.expect.ordered, run.expect.greedy).values()
+    )
 
     def check(metric: str, passed: bool, expected: str, actual: str, trace: str) -> None:
         out.append(_check(run, metric, passed, expected, actual, trace))

@@ -1,0 +1,310 @@
+"""A model's BFCL result decoded the way BFCL's own evaluation decodes it. Pure; nothing runs.
+
+BFCL (``bfcl-eval`` 2026.3.23, ``bfcl_eval/model_handler/utils.py``) decodes a prompting
+model's answer with ``default_decode_ast_prompting``: strip backticks, newlines and spaces,
+wrap it in ``[...]``, strip ``'``, ``ast.parse`` it, and resolve each call's keyword arguments
+with ``resolve_ast_by_type``. Function-calling handlers (OpenAI, Claude, ...) read a list of
+``{name: arguments}``, the arguments a JSON string. A result BFCL cannot decode counts as no
+call: it fails an AST category and passes irrelevance, as in BFCL.
+
+``resolve_ast_by_type`` evaluates arithmetic with ``eval``. Here nothing is ever run: the
+same cases are walked on the syntax tree, and Python's own operators are applied only to
+values already reduced to numbers, strings, bytes, ``None`` and containers of them (which run
+no code of the model's), with bounds on sizes so ``9**9**9`` cannot exhaust the machine.
+
+Function names follow the model's convention (``convert_func_name``): a function-calling
+model whose BFCL config says ``underscore_to_dot`` (OpenAI, Claude and Gemini FC among them)
+is shown, and must write, ``math_hypot`` for ``math.hypot``; any other model the name as
+defined.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import math
+import operator
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, Literal
+
+Style = Literal["prompt", "fc", "fc-underscore"]
+STYLES: tuple[Style, ...] = ("fc-underscore", "fc", "prompt")
+# A model's call: the name as written, and its arguments as BFCL decoded them (Python values:
+# tuples stay tuples, dict keys may be any hashable).
+Call = tuple[str, dict[Any, Any]]
+# The key of a decoded ``**kwargs`` argument: BFCL stores it under ``None``, which is never a
+# parameter; JSON needs a string, and no BFCL function declares a parameter named so.
+KWARGS = "**"
+# A value BFCL decodes but JSON cannot carry faithfully (a tuple outside a tuple parameter, a
+# set, bytes, a complex number, a dict keyed by non-strings, inf or NaN, text that is no
+# UTF-8, an integer past Python's JSON limit) can never equal one
+# of BFCL's acceptable values, which come from JSON; it is written as this marker object,
+# which fails every check too (no BFCL answer has this key).
+UNREPRESENTABLE = "__python__"
+
+_MAX_ITEMS = 100_000  # a bound on a sequence an arithmetic answer may build
+_MAX_BITS = 100_000  # a bound on the integers it may build
+
+
+class Undecodable(Exception):
+    """BFCL's decoder would raise: the answer is no call."""
+
+
+def visible_name(name: str, style: Style) -> str:
+    """The name a model of ``style`` is shown and must write (BFCL's ``convert_func_name``)."""
+    if style == "fc-underscore" and "." in name:
+        return re.sub(r"\.", "_", name)
+    return name
+
+
+def decode(result: Any, style: Style) -> list[Call] | None:
+    """The calls of a BFCL ``result``; ``None`` when BFCL's decoder for ``style`` fails or
+    decodes no call (``[]``), or the decoded output is not BFCL's calling format."""
+    if style == "prompt":
+        calls = decode_prompt(result) if isinstance(result, str) else None
+    else:
+        calls = decode_fc(result)
+    return calls or None
+
+
+def decode_fc(result: Any) -> list[Call] | None:
+    """A function-calling handler's decode: ``[{name: "{json}"}]``; arguments already an
+    object are taken too (some handlers store them so). The first key of an item is its
+    call, as BFCL's handlers take it; arguments that are not an object are not BFCL's
+    calling format (``is_function_calling_format_output``)."""
+    if not isinstance(result, list):
+        return None  # text: BFCL's FC decoder fails on it
+    calls: list[Call] = []
+    for item in result:
+        if not isinstance(item, dict) or not item:
+            return None
+        name, args = next(iter(item.items()))
+        if isinstance(args, str):
+            try:
+                args = json.loads(args)
+            except (json.JSONDecodeError, RecursionError):
+                return None
+        if not isinstance(args, dict):
+            return None
+        calls.append((str(name), args))
+    return calls
+
+
+def decode_prompt(text: str) -> list[Call] | None:
+    """A prompting model's answer, ``"[f(a=1), pkg.g(b='x')]"``, decoded as BFCL's
+    ``default_decode_ast_prompting`` does; ``None`` where it raises."""
+    body = text.strip("`\n ")
+    if not body.startswith("["):
+        body = "[" + body
+    if not body.endswith("]"):
+        body = body + "]"
+    body = body.strip().strip("'")
+    try:
+        with warnings.catch_warnings():
+            # An invalid escape ("\d") only warns, as in BFCL's run: never an error here,
+            # whatever the process's warning filters say.
+            warnings.simplefilter("ignore")
+            tree = ast.parse(body, mode="eval").body
+        if isinstance(tree, ast.Call):
+            nodes: Sequence[ast.expr] = [tree]
+        elif isinstance(tree, ast.List | ast.Tuple | ast.Set):
+            nodes = tree.elts
+        else:
+            return None
+        if not all(isinstance(n, ast.Call) for n in nodes):
+            return None
+        return [_call(n) for n in nodes if isinstance(n, ast.Call)]
+    except (SyntaxError, ValueError, MemoryError, RecursionError, Undecodable):
+        return None
+
+
+def _call(node: ast.Call) -> Call:
+    """BFCL's ``resolve_ast_call``: the dotted name (attributes down to a name) and the
+    keyword arguments; positional arguments are ignored, as BFCL ignores them."""
+    parts: list[str] = []
+    func = node.func
+    while isinstance(func, ast.Attribute):
+        parts.append(func.attr)
+        func = func.value
+    if isinstance(func, ast.Name):
+        parts.append(func.id)
+    args: dict[Any, Any] = {}
+    for kw in node.keywords:
+        args[KWARGS if kw.arg is None else kw.arg] = _value(kw.value)
+    return ".".join(reversed(parts)), args
+
+
+def _value(node: ast.expr | None) -> Any:
+    """BFCL's ``resolve_ast_by_type``, case by case, in its order."""
+    if isinstance(node, ast.Constant):
+        return "..." if node.value is Ellipsis else node.value
+    if isinstance(node, ast.UnaryOp):
+        # BFCL negates the operand's ``.value`` whatever the operator (``+5`` is -5,
+        # ``not True`` is -1); only a constant's value is a number it can negate.
+        if not isinstance(node.operand, ast.Constant):
+            raise Undecodable("unary operator on a non-constant")
+        return _apply(operator.neg, node.operand.value)
+    if isinstance(node, ast.List):
+        return [_value(v) for v in node.elts]
+    if isinstance(node, ast.Dict):
+        out = {}
+        for k, v in zip(node.keys, node.values, strict=True):
+            key = _value(k)  # ``**mapping`` has no key: BFCL fails on it
+            try:
+                out[key] = _value(v)
+            except TypeError:
+                raise Undecodable("unhashable key") from None
+        return out
+    if isinstance(node, ast.BinOp):
+        return _evaluate(node)  # BFCL: eval(ast.unparse(node))
+    if isinstance(node, ast.Name):
+        return node.id  # a bare name is its own text
+    if isinstance(node, ast.Call):
+        if not node.keywords:
+            return ast.unparse(node)  # ``f(x)`` as an argument is its own text
+        name, args = _call(node)
+        return {name: args}
+    if isinstance(node, ast.Tuple):
+        return tuple(_value(v) for v in node.elts)
+    if isinstance(node, ast.Subscript):
+        return ast.unparse(node.value) + "[" + ast.unparse(node.slice) + "]"
+    # Lambda (BFCL's handling of it always raises), f-strings, sets, comparisons, attributes…
+    raise Undecodable(f"unsupported {type(node).__name__}")
+
+
+_BINARY: dict[type[ast.operator], Callable[[Any, Any], Any]] = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+    ast.LShift: operator.lshift,
+    ast.RShift: operator.rshift,
+    ast.BitOr: operator.or_,
+    ast.BitXor: operator.xor,
+    ast.BitAnd: operator.and_,
+    ast.MatMult: operator.matmul,
+}
+_UNARY: dict[type[ast.unaryop], Callable[[Any], Any]] = {
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+    ast.Invert: operator.invert,
+    ast.Not: operator.not_,
+}
+
+
+def _evaluate(node: ast.expr) -> Any:
+    """What ``eval`` gives for an expression of literals and operators, without eval. An
+    operand eval would look up or run (a name, a call, an attribute, a subscript) is not
+    evaluated: the answer is undecodable (for names other than builtins, as in BFCL)."""
+    if isinstance(node, ast.Constant):
+        return node.value
+    if isinstance(node, ast.BinOp):
+        left, right = _evaluate(node.left), _evaluate(node.right)
+        return _bounded(_BINARY[type(node.op)], left, right)
+    if isinstance(node, ast.UnaryOp):
+        return _apply(_UNARY[type(node.op)], _evaluate(node.operand))
+    if isinstance(node, ast.List):
+        return [_evaluate(v) for v in node.elts]
+    if isinstance(node, ast.Tuple):
+        return tuple(_evaluate(v) for v in node.elts)
+    if isinstance(node, ast.Set):
+        return _apply(set, [_evaluate(v) for v in node.elts])
+    if isinstance(node, ast.Dict):
+        pairs = []
+        for k, v in zip(node.keys, node.values, strict=True):
+            if k is None:
+                raise Undecodable("** in a dict is not evaluated")
+            pairs.append((_evaluate(k), _evaluate(v)))
+        return _apply(dict, pairs)
+    raise Undecodable(f"not evaluated: {type(node).__name__}")
+
+
+def _apply(op: Callable[..., Any], *args: Any) -> Any:
+    try:
+        return op(*args)
+    except (TypeError, ValueError, ArithmeticError, MemoryError):
+        raise Undecodable("the operation fails in Python") from None
+
+
+def _bounded(op: Callable[[Any, Any], Any], left: Any, right: Any) -> Any:
+    """``op(left, right)`` unless it would build something huge (BFCL's eval would try)."""
+    ints = all(type(v) is int or type(v) is bool for v in (left, right))
+    if (
+        op is operator.pow
+        and ints
+        and right > 0
+        and max(abs(int(left)), 1).bit_length() * right > _MAX_BITS
+    ):
+        raise Undecodable("too large")
+    if op is operator.lshift and ints and right > _MAX_BITS:
+        raise Undecodable("too large")
+    if op is operator.mul:
+        for seq, count in ((left, right), (right, left)):
+            sized = isinstance(seq, str | bytes | list | tuple) and type(count) in (int, bool)
+            if sized and len(seq) * max(int(count), 0) > _MAX_ITEMS:
+                raise Undecodable("too large")
+    if op is operator.mod and isinstance(left, str | bytes):
+        # printf-style formatting can pad to any width: not evaluated.
+        raise Undecodable("string formatting is not evaluated")
+    return _apply(op, left, right)
+
+
+# Decoded values as JSON -----------------------------------------------------------------
+
+
+def to_json(value: Any, declared: str | None) -> Any:
+    """A decoded argument as the JSON the recorded response carries. A tuple given for a
+    ``tuple`` parameter is a list (BFCL converts it so); anything else JSON cannot carry
+    becomes the ``UNREPRESENTABLE`` marker, which fails as BFCL's check fails on it."""
+    if declared == "tuple" and type(value) is tuple:
+        value = list(value)
+    return value if _representable(value) else {UNREPRESENTABLE: _shown(value)}
+
+
+def _representable(value: Any) -> bool:
+    if value is None or type(value) is bool:
+        return True
+    if type(value) is str:
+        return _text(value)
+    if type(value) is int:  # past this, Python's own JSON refuses to write it
+        return bool(value.bit_length() < 13_000)
+    if type(value) is float:
+        return math.isfinite(value)
+    if type(value) is list:
+        return all(_representable(v) for v in value)
+    if type(value) is dict:
+        return all(type(k) is str and _text(k) and _representable(v) for k, v in value.items())
+    return False
+
+
+def _text(value: str) -> bool:
+    """Text JSON can carry: a lone surrogate (U+D800 alone) cannot be written as UTF-8."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _shown(value: Any) -> str:
+    try:
+        return repr(value)[:200]
+    except (ValueError, RecursionError):  # an int past Python's str conversion limit
+        return type(value).__name__
+
+
+def arguments_json(args: Mapping[Any, Any], declared: Mapping[str, Any]) -> dict[str, Any]:
+    """Every argument as JSON; ``declared`` the function's ``properties`` (for tuples)."""
+    out: dict[str, Any] = {}
+    for key, value in args.items():
+        doc = declared.get(key) if isinstance(key, str) else None
+        kind = doc.get("type") if isinstance(doc, Mapping) else None
+        out[str(key) if isinstance(key, str) else KWARGS] = to_json(
+            value, kind if isinstance(kind, str) else None
+        )
+    return out
