@@ -1,0 +1,65 @@
+"""``import-bfcl``'s verdicts against BFCL's own checker, run now, on a held-out set.
+
+The unit test (tests/unit/test_eval_bfcl_conformance.py) compares against verdicts BFCL's
+checker gave once, stored with the fixture. This one fetches the reference itself: the
+``bfcl-eval`` wheel, without its dependencies (they include torch and pinned numpy; its
+checker and decoders need none of them), generates answers to other questions than the
+stored set's (12 per category instead of 4, spaced through each file), lets BFCL's checker
+judge each, and requires callgate's verdict to be the same on every one.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from tests.unit.test_eval_bfcl_conformance import agreement
+
+pytestmark = pytest.mark.slow
+
+BFCL_EVAL = "bfcl-eval==2026.3.23"
+GENERATE = Path(__file__).parents[1] / "fixtures" / "bfcl" / "conformance" / "generate.py"
+
+
+@pytest.mark.timeout(900)
+def test_every_verdict_equals_bfcl_evals_on_a_held_out_set(tmp_path: Path) -> None:
+    fetched = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            BFCL_EVAL,
+            "--no-deps",
+            "-q",
+            "-d",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert fetched.returncode == 0, f"could not fetch {BFCL_EVAL}: {fetched.stderr[-1000:]}"
+    (wheel,) = tmp_path.glob("bfcl_eval-*.whl")
+    unpacked = tmp_path / "wheel"
+    with zipfile.ZipFile(wheel) as archive:
+        archive.extractall(unpacked)
+
+    verdicts = tmp_path / "verdicts-12.json"
+    made = subprocess.run(
+        [sys.executable, str(GENERATE), str(unpacked), str(verdicts), "--per", "12"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert made.returncode == 0, made.stderr[-2000:]
+
+    agreed, disagreed = agreement(verdicts)
+    assert agreed > 1000, f"only {agreed} cases: is the generator broken?"
+    assert disagreed == [], [
+        (c["id"], c["style"], c["kind"], c["bfcl"], c["result"]) for c in disagreed[:10]
+    ]
