@@ -9,6 +9,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +226,51 @@ def test_workers_that_exit_at_start_are_reported_with_their_log(
     log = out / "eval-processes.log"
     assert "exited" in line and str(log) in line
     assert "no_such_module_for_eval" in log.read_text()
+
+
+@pytest.mark.timeout(300)
+def test_the_scratch_database_takes_the_prefix_it_is_given(
+    tmp_path: Path, database_url: str, redis_url: str
+) -> None:
+    """On a shared server the scratch databases are named by a prefix of one's own; a prefix
+    Postgres could not take unquoted is one line, and nothing is created."""
+    prefix = f"team_{uuid.uuid4().hex[:6]}_"
+    env = {
+        "CALLGATE_DATABASE_URL": database_url,
+        "CALLGATE_REDIS_URL": redis_url,
+        "CALLGATE_EVAL_START_SECONDS": "0.01",  # stops right after the database is made
+        "CALLGATE_EVAL_SCRATCH_PREFIX": prefix,
+    }
+    seen: set[str] = set()
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.update(d for d in _databases() if d.startswith(prefix))
+            time.sleep(0.02)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        run = _eval_process(["builtin", "--out", str(tmp_path / "out")], env, tmp_path)
+    finally:
+        stop.set()
+        watcher.join()
+    _one_line(run, "embedded_service_failed")
+    assert len(seen) == 1 and len(next(iter(seen))) == len(prefix) + 12, seen
+    assert not any(d.startswith(prefix) for d in _databases())  # dropped at the end
+
+    before = _databases()
+    bad = _eval_process(
+        ["builtin", "--out", str(tmp_path / "bad")],
+        {**env, "CALLGATE_EVAL_SCRATCH_PREFIX": "Team-A"},
+        tmp_path,
+    )
+    line = _one_line(bad, "invalid_configuration")
+    assert "CALLGATE_EVAL_SCRATCH_PREFIX='Team-A'" in line
+    assert _databases() == before
+
+
+def _databases() -> set[str]:
+    with psycopg.connect(ADMIN_URL, autocommit=True) as conn:
+        return {r[0] for r in conn.execute("SELECT datname FROM pg_database")}

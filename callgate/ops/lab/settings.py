@@ -49,3 +49,8 @@ class EvalSettings(Section):
     start_seconds: float = setting(
         60.0, "Seconds 'callgate eval run' waits for its workers to start.", ge=0.01
     )
+    scratch_prefix: str = setting(
+        "callgate_eval_",
+        "Name prefix of the scratch databases 'callgate eval' creates beside "
+        "CALLGATE_DATABASE_URL (lower-case letters, digits and _, at most 40).",
+    )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import re
 import tempfile
 import time
 import uuid
@@ -147,6 +148,8 @@ def scratch(
     Nothing of the configured ones is touched. What is kept is named on ``out``, so the
     report's trace ids can be read with ``callgate trace``."""
     queue = f"eval-{uuid.uuid4().hex[:10]}"
+    if settings.database_url:
+        scratch_prefix()  # refused before anything is created
     with (
         tempfile.TemporaryDirectory(prefix="callgate-eval-") as tmp,
         _own_queue(settings.redis_url, queue),
@@ -194,9 +197,25 @@ def _migrated(settings: Settings) -> Settings:
     return settings
 
 
+# A database name prefix Postgres takes unquoted, leaving room for the 12 hex digits that follow
+# (a name is at most 63 bytes).
+_PREFIX = re.compile(r"[a-z_][a-z0-9_]{0,39}")
+
+
+def scratch_prefix() -> str:
+    """CALLGATE_EVAL_SCRATCH_PREFIX, checked: ``invalid_configuration`` naming what it may be."""
+    prefix = EvalSettings.from_env().scratch_prefix
+    if not _PREFIX.fullmatch(prefix):
+        raise ConfigurationError(
+            f"{EvalSettings.env_name('scratch_prefix')}={prefix!r}: a database name prefix is "
+            "lower-case letters, digits and _ (not starting with a digit), at most 40 characters"
+        )
+    return prefix
+
+
 @contextmanager
 def _scratch_database(url: str, *, drop: bool) -> Iterator[str]:
-    name = f"callgate_eval_{uuid.uuid4().hex[:12]}"
+    name = f"{scratch_prefix()}{uuid.uuid4().hex[:12]}"
     admin = db.create(url, pool_size=1, application_name="callgate-eval")
     try:
         with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
