@@ -51,6 +51,5 @@ class EvalSettings(Section):
     )
     scratch_prefix: str = setting(
         "callgate_eval_",
-        "Name prefix of the scratch databases 'callgate eval' creates beside "
-        "CALLGATE_DATABASE_URL (lower-case letters, digits and _, at most 40).",
+        "Name prefix of the scratch databases 'callgate eval' creates on a shared server.",
     )
