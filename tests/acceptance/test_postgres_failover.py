@@ -254,7 +254,7 @@ def test_the_replica_had_the_reservation_not_the_completion(world: World) -> Non
     """The replica had the call in progress; the old primary then completed and published it.
     The call ends once, with that result, and is not taken over after the lease."""
     world.start()
-    turn_id, op = world.submit("fault_unkeyed", hold=4.0)
+    turn_id, op = world.submit("fault_unkeyed", hold=6.0)
     wait_until(
         lambda: world.on_primary(
             "SELECT 1 FROM callgate.operations WHERE operation_id = :o AND state = 'in_progress'",
