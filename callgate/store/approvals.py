@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Literal, NoReturn
 
-from sqlalchemy import Engine, text
+from sqlalchemy import Connection, Engine, text
 
 from callgate.core import logs
 from callgate.core.errors import ApprovalError, ErrorCode, ServiceUnavailable
@@ -266,8 +266,7 @@ def approve(engine: Engine, approval_id: str, *, by: str, tenant: str) -> list[u
     """
     ident = _parse_id(approval_id)
     who, tenant = _approver(by), _tenant(tenant)
-    requester = _four_eyes(engine, ident, by=who, tenant=tenant)
-    params = {"approval_id": ident, "by": who, "tenant": tenant, "requester": requester}
+    params = {"approval_id": ident, "by": who, "tenant": tenant}
     row = _decide(engine, APPROVE_SQL, params, verdict="approved")
     if row is None:  # an attempt whose reply was lost granted it
         with db.autocommit(engine) as conn:
@@ -296,7 +295,6 @@ def deny(engine: Engine, approval_id: str, *, by: str, tenant: str) -> Finished:
         "approval_id": ident,
         "by": who,
         "tenant": tenant,
-        "requester": _four_eyes(engine, ident, by=who, tenant=tenant),
         "body": body,
         "event": "approval_denied",
         "generation": None,
@@ -329,7 +327,8 @@ def _decide(engine: Engine, sql: str, params: dict[str, Any], *, verdict: Verdic
         nonlocal attempts
         attempts += 1
         with db.autocommit(engine) as conn:
-            row = conn.execute(text(sql), params).one()
+            requester = _four_eyes(conn, params)
+            row = conn.execute(text(sql), {**params, "requester": requester}).one()
             if row.decided or attempts == 1:
                 return row
             mine = conn.execute(text(DECIDED_BY_SQL), {**params, "verdict": verdict}).first()
@@ -402,22 +401,21 @@ def _decided(engine: Engine, ident: uuid.UUID, event: str, *, by: str) -> str:
     return str(rows[0].tool_name)
 
 
-def _four_eyes(engine: Engine, ident: uuid.UUID, *, by: str, tenant: str) -> str:
-    """The request's requester, once ``by`` is not that person (``approval_forbidden``
-    otherwise; ``unknown_approval`` for a missing request or another tenant's). The deciding
-    statement is guarded on this very requester: the column never changes, so the check
-    made here holds for the row it decides."""
-    with db.translate_errors("approvals"), db.autocommit(engine) as conn:
-        requester = conn.execute(
-            text(
-                "SELECT requested_by FROM callgate.approvals"
-                " WHERE approval_id = :a AND tenant_id = :t"
-            ),
-            {"a": ident, "t": tenant},
-        ).scalar_one_or_none()
+def _four_eyes(conn: Connection, params: dict[str, Any]) -> str:
+    """The request's requester, once the decider (``by``) is not that person
+    (``approval_forbidden`` otherwise; ``unknown_approval`` for a missing request or another
+    tenant's). The deciding statement is guarded on this very requester: the column never
+    changes, so the check made here holds for the row it decides."""
+    ident, tenant = params["approval_id"], params["tenant"]
+    requester = conn.execute(
+        text(
+            "SELECT requested_by FROM callgate.approvals WHERE approval_id = :a AND tenant_id = :t"
+        ),
+        {"a": ident, "t": tenant},
+    ).scalar_one_or_none()
     if requester is None:
         raise _unknown(str(ident))
-    if gate.same_person(requester, by):
+    if gate.same_person(requester, params["by"]):
         raise _forbidden(ident, requester, tenant)
     return str(requester)
 
