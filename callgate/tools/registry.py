@@ -258,6 +258,17 @@ class Tool:
             return None
         return [str(v) for v in value] if isinstance(value, list | tuple) else [str(value)]
 
+    def safe_to_repeat(self, key_age_seconds: float = 0.0) -> bool:
+        """May this tool run again after an attempt that may have applied? A read, a write
+        whose effect is idempotent, or one whose downstream replays an idempotency key it
+        still keeps (the key was first sent ``key_age_seconds`` ago). Fencing is not enough:
+        it refuses a stale owner's late write, not a second write after the first landed."""
+        return (
+            self.kind == "read"
+            or self.effect.idempotent
+            or self.downstream.keeps_key(key_age_seconds)
+        )
+
     def parameters(self) -> dict[str, Any]:
         """The arguments' JSON Schema, as a model is shown it."""
         if isinstance(self.arguments, Mapping):

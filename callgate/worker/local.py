@@ -96,7 +96,7 @@ class LocalRunner:
         except CallgateError as err:
             return _failure(call_id, tool_name, err)
         except Exception:  # a handler bug: the worker never shows its text to a model either
-            if ran is not None and ran.kind == "write" and _repeat_safe(ran):
+            if ran is not None and ran.kind == "write" and ran.safe_to_repeat():
                 # As in the worker once its retries are spent: the key makes a resend safe.
                 error = results.safe_error(
                     ErrorCode.EXECUTION_FAILED.value,
@@ -125,12 +125,6 @@ class LocalRunner:
         if denied_by is not None:
             raise ToolError("an approver denied this action", code=ErrorCode.APPROVAL_DENIED)
         return True if approved_by is not None else None
-
-
-def _repeat_safe(tool: Tool) -> bool:
-    """The worker's ``retry.safe_to_repeat`` for a key first sent now (that module reaches
-    for the database driver, which LocalRunner never imports)."""
-    return tool.effect.idempotent or tool.downstream.keeps_key(0.0)
 
 
 def _failure(call_id: str, tool_name: str, err: CallgateError) -> FailedRetryable | FailedTerminal:

@@ -46,13 +46,9 @@ class Lease(Protocol):
 
 
 def safe_to_repeat(tool: Tool, key_age_seconds: float = 0.0) -> bool:
-    """May this tool run again after an attempt that may have applied? A read, a write whose
-    effect is idempotent, or one whose downstream replays an idempotency key it still keeps
-    (the key was first sent ``key_age_seconds`` ago). Fencing is not enough (see the
-    executor's ``_run``)."""
-    return (
-        tool.kind == "read" or tool.effect.idempotent or tool.downstream.keeps_key(key_age_seconds)
-    )
+    """``Tool.safe_to_repeat``: may this tool run again after an attempt that may have
+    applied?"""
+    return tool.safe_to_repeat(key_age_seconds)
 
 
 def key_dropped(tool: Tool, key_age_seconds: float) -> bool:
