@@ -1,4 +1,5 @@
-"""``callgate eval run``, ``compare`` and ``import-bfcl`` (an entry point of ``callgate.commands``).
+"""``callgate eval run``, ``compare``, ``import-bfcl`` and ``bfcl-multi-turn`` (an entry point
+of ``callgate.commands``).
 
 ``run`` exits 0 once the report is written, whatever it says (compare it with a baseline to
 gate CI); ``compare`` exits 1 on a regression, 0 otherwise. Bad input is one line,
@@ -18,7 +19,14 @@ import click
 from callgate.core.errors import InputError
 from callgate.ops.cli.common import load_settings
 from callgate.ops.flags import setting_option
-from callgate.ops.lab.eval import bfcl, bfcl_decode, inputs, retrieval
+from callgate.ops.lab.eval import (
+    bfcl,
+    bfcl_decode,
+    bfcl_multi_turn,
+    bfcl_multi_turn_backend,
+    inputs,
+    retrieval,
+)
 from callgate.ops.lab.eval import compare as comparing
 from callgate.ops.lab.eval import report as reporting
 from callgate.ops.lab.eval.fixture import SURFACES, load_suite, with_responses
@@ -255,6 +263,12 @@ def import_bfcl_cmd(
     """Turn BFCL question (and possible-answer) files into a suite of read-only stub tools
     that `callgate eval run` scores the way BFCL's AST checker does (docs/eval.md)."""
     asked = bfcl.read_lines(questions, max_bytes)
+    if bfcl_multi_turn.is_multi_turn(questions, [q.id for q in asked]):
+        # Its entries run against BFCL's stateful classes, not stubs: there is no suite to write.
+        raise InputError(
+            f"{questions}: a multi-turn file is not imported; score a model's results on it "
+            f"with: callgate eval bfcl-multi-turn {questions} RESULTS"
+        )
     found = category or bfcl.category_of(questions, [q.id for q in asked])
     kind = bfcl.CATEGORIES[found]
     truth: list[bfcl.Line] = []
@@ -286,6 +300,76 @@ def import_bfcl_cmd(
             f"score a model: callgate eval run {target} --responses DIR "
             "(or --live MODEL --surface S)"
         )
+
+
+@eval_group.command("bfcl-multi-turn")
+@click.argument("questions", type=click.Path(path_type=Path, dir_okay=False))
+@click.argument("results", type=click.Path(path_type=Path, dir_okay=False))
+@click.option(
+    "--answers",
+    type=click.Path(path_type=Path, dir_okay=False),
+    default=None,
+    help="BFCL's ground-truth file (default: possible_answer/NAME beside QUESTIONS).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path("bfcl-multi-turn"),
+    show_default=True,
+    help="Folder for bfcl-multi-turn.json and .md.",
+)
+@click.option("--limit", type=click.IntRange(min=1), default=None, help="The first N entries.")
+@click.option("--workers", default=2, show_default=True, type=click.IntRange(min=1, max=16))
+@click.option(
+    "--bfcl",
+    "bfcl_path",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=None,
+    help="An unzipped bfcl-eval wheel (default: the installed bfcl_eval package).",
+)
+@setting_option(
+    "--start-timeout",
+    "start_seconds",
+    variable="CALLGATE_EVAL_START_SECONDS",
+    type=click.FloatRange(min=0.01),
+    help="Seconds to wait for the workers to start.",
+)
+@inputs.max_file_bytes_option
+def bfcl_multi_turn_cmd(
+    questions: Path,
+    results: Path,
+    answers: Path | None,
+    out: Path,
+    limit: int | None,
+    workers: int,
+    bfcl_path: Path | None,
+    start_seconds: float,
+    max_bytes: int,
+) -> None:
+    """Replay a model's BFCL multi-turn RESULTS for QUESTIONS through real workers against
+    BFCL's own backend classes; print BFCL's verdicts and the executor check
+    (docs/bfcl-multi-turn.md). Needs bfcl-eval: pip install bfcl-eval --no-deps."""
+    entries, unanswered = bfcl_multi_turn.read_entries(
+        questions, results, answers, limit, max_bytes
+    )
+    bfcl_multi_turn_backend.use(bfcl_path)  # before anything starts: one line if missing
+    _writable(out)
+    options = bfcl_multi_turn.Options(
+        bfcl=bfcl_path,
+        workers=workers,
+        log_path=str(out / "bfcl-multi-turn-processes.log"),
+        start_seconds=start_seconds,
+    )
+    runs = bfcl_multi_turn.run(load_settings(), entries, options, sys.stderr)
+    command = " ".join(["callgate", "eval", *sys.argv[2:]]) if len(sys.argv) > 2 else ""
+    try:
+        paths = bfcl_multi_turn.write(runs, out, command)
+    except OSError as exc:
+        raise InputError(f"--out {out}: cannot write the report ({exc.strerror})") from None
+    click.echo(bfcl_multi_turn.tables(runs), nl=False)
+    if unanswered:
+        click.echo(f"{len(unanswered)} questions have no result: not scored")
+    click.echo("wrote " + ", ".join(str(p) for p in paths))
 
 
 eval_group.add_command(retrieval.retrieval_cmd)
