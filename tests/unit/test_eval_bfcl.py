@@ -353,11 +353,15 @@ def test_an_unknown_category_is_refused(tmp_path: Path) -> None:
     )
     assert bfcl.category_of(questions, ["live_simple_0-0-0", "live_simple_1-1-0"]) == "live_simple"
     assert bfcl.category_of(questions, ["parallel_multiple_3"]) == "parallel_multiple"
-    for java in ("simple_java_0", "simple_javascript_0", "multi_turn_base_0"):
+    assert bfcl.category_of(questions, ["simple_java_0"]) == "simple_java"
+    assert bfcl.category_of(questions, ["simple_javascript_0"]) == "simple_javascript"
+    assert bfcl.category_of(questions, ["live_relevance_0-0-0"]) == "live_relevance"
+    assert bfcl.category_of(tmp_path / "BFCL_v4_simple_java.json", []) == "simple_java"
+    for other in ("multi_turn_base_0", "memory_kv_0", "web_search_base_0"):
         with pytest.raises(InputError, match="cannot be imported"):
-            bfcl.category_of(questions, [java])
+            bfcl.category_of(questions, [other])
     with pytest.raises(InputError, match="cannot be imported"):
-        bfcl.category_of(tmp_path / "BFCL_v4_simple_java.json", [])
+        bfcl.category_of(tmp_path / "BFCL_v4_multi_turn_base.json", [])
 
 
 def test_a_question_offering_no_function_imports(tmp_path: Path) -> None:
@@ -376,9 +380,8 @@ def test_a_question_offering_no_function_imports(tmp_path: Path) -> None:
     ("file", "ids", "named"),
     [
         ("BFCL_v4_multi_turn_base.json", [], "multi_turn_base"),
-        ("BFCL_v4_simple_java.json", [], "simple_java"),
-        ("BFCL_v4_simple_javascript.json", [], "simple_javascript"),
-        ("BFCL_v4_live_relevance.json", [], "live_relevance"),
+        ("BFCL_v4_memory_kv.json", [], "memory_kv"),
+        ("BFCL_v4_web_search_base.json", [], "web_search_base"),
         (
             "questions.json",
             ["multi_turn_long_context_0", "multi_turn_long_context_1"],

@@ -2,9 +2,10 @@
 
 ``tests/fixtures/bfcl/conformance/verdicts.json`` holds generated answers (right ones and the
 mutations a model makes: arithmetic, bare names, tuples, code fences, the other naming
-convention, reordered parallel calls, missing and extra parameters, prose) to questions of
-ten BFCL v4 categories, each with the verdict BFCL's real checker (bfcl-eval 2026.3.23) gave
-it; its README says how it was produced. Every case must get the same verdict here.
+convention, reordered parallel calls, missing and extra parameters, prose; Java and
+JavaScript values spelled right and wrong; calls and no calls for relevance) to questions of
+thirteen BFCL v4 categories, each with the verdict BFCL's real checker (bfcl-eval 2026.3.23)
+gave it; its README says how it was produced. Every case must get the same verdict here.
 
 ``python tests/unit/test_eval_bfcl_conformance.py FILE`` prints the agreement on another
 file of that format (a larger one from the README's generate.py), with the disagreements.
@@ -39,8 +40,9 @@ def callgate_verdict(
     style: Style,
 ) -> bool:
     """Whether the model's ``result`` passes, as ``eval run`` scores the imported fixture:
-    irrelevance accuracy for an irrelevance question, else the selection and every
-    argument-accuracy check (BFCL's one verdict per entry)."""
+    irrelevance accuracy for an irrelevance question, relevance accuracy for a relevance
+    one, else the selection and every argument-accuracy check (BFCL's one verdict per
+    entry)."""
     ident = question["id"]
     answers = [bfcl.Line(Path("answers.json"), 1, {"id": ident, "ground_truth": ground_truth})]
     imported = bfcl.build(
@@ -76,12 +78,15 @@ def callgate_verdict(
         proposed = [Proposed(p.call_id, p.tool_name, p.arguments) for p in proposals]
         run = replace(run, proposed=proposed)
     checks = model_checks(run)
-    wanted = (
-        {"irrelevance_accuracy"}
-        if fixture.category == "irrelevance"
-        else {"selection_accuracy", "argument_accuracy", "parallel_completeness"}
-    )
-    return all(c.passed for c in checks if c.metric in wanted)
+    if fixture.category == "irrelevance":
+        wanted = {"irrelevance_accuracy"}
+    elif category in bfcl.RELEVANCE:
+        wanted = {"relevance_accuracy"}
+    else:
+        wanted = {"selection_accuracy", "argument_accuracy", "parallel_completeness"}
+    verdicts = [c.passed for c in checks if c.metric in wanted]
+    assert verdicts, f"no {wanted} check for {ident}"
+    return all(verdicts)
 
 
 def _cases(path: Path = VERDICTS) -> list[dict[str, Any]]:
@@ -95,9 +100,10 @@ def _cases(path: Path = VERDICTS) -> list[dict[str, Any]]:
 CASES = _cases()
 
 
-def test_the_verdicts_cover_ten_categories_and_both_outcomes() -> None:
-    assert len({c["category"] for c in CASES}) == 10
-    assert {c["bfcl"] for c in CASES} == {True, False}
+def test_the_verdicts_cover_thirteen_categories_and_both_outcomes() -> None:
+    assert len({c["category"] for c in CASES}) == 13
+    for category in ("simple_java", "simple_javascript", "live_relevance"):
+        assert {c["bfcl"] for c in CASES if c["category"] == category} == {True, False}
     assert {c["style"] for c in CASES} == {"prompt", "fc", "fc-underscore"}
 
 
@@ -242,6 +248,13 @@ if __name__ == "__main__":
     agreed, disagreed = agreement(source)
     total = agreed + len(disagreed)
     print(f"{agreed}/{total} verdicts agree with BFCL's ({100 * agreed / total:.2f}%)")
+    counts: dict[str, list[int]] = {}
+    for c in _cases(source):
+        counts.setdefault(c["category"], [0, 0])[1] += 1
+    for c in disagreed:
+        counts[c["category"]][0] -= 1
+    for category, (minus, n) in sorted(counts.items()):
+        print(f"  {category}: {n + minus}/{n}")
     for c in disagreed:
         print(f"  {c['id']} {c['style']} {c['kind']}: BFCL {c['bfcl']}; {c['result']!r}")
 

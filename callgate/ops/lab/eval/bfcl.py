@@ -37,14 +37,18 @@ from jsonschema.exceptions import SchemaError
 
 from callgate.core.errors import InputError
 from callgate.ops.lab.eval import bfcl_decode, inputs
-from callgate.ops.lab.eval.bfcl_decode import Style
-from callgate.ops.lab.eval.matchers import BFCL_TYPES
+from callgate.ops.lab.eval.bfcl_decode import NESTED_TYPES, Language, Style
+from callgate.ops.lab.eval.matchers import TYPES_BY_LANGUAGE
+from callgate.ops.lab.eval.scoring import ANY_CALL
 from callgate.producer.adapters.names import wire_name
 
 # BFCL's parameter types that JSON Schema spells otherwise (BFCL converts them so too before
 # showing the tools to a model).
 _JSON_TYPES = {"dict": "object", "float": "number", "tuple": "array", "any": None}
-# BFCL's single-turn Python categories (v3 and v4 spellings) → the fixture's category.
+# BFCL's single-turn categories (v3 and v4 spellings) → the fixture's category. BFCL scores
+# relevance and irrelevance with one runner, neither having possible answers, the one the
+# other's inverse: live_relevance is read as irrelevance is (no possible answers), and its
+# fixtures expect some call (RELEVANCE).
 CATEGORIES = {
     "live_parallel_multiple": "parallel_multiple",
     "parallel_multiple": "parallel_multiple",
@@ -55,9 +59,18 @@ CATEGORIES = {
     "live_simple": "simple",
     "simple_python": "simple",
     "simple": "simple",
+    "simple_javascript": "simple",
+    "simple_java": "simple",
     "live_irrelevance": "irrelevance",
     "irrelevance": "irrelevance",
+    "live_relevance": "irrelevance",
 }
+# BFCL's relevance categories: a pass is any call at all. Their fixtures are "multiple" ones
+# (several functions offered) whose one expected call is ``scoring.ANY_CALL``.
+RELEVANCE = {"live_relevance": "multiple"}
+# The categories whose functions are Java or JavaScript: each argument is a string of source
+# text, which BFCL converts to a value of the declared type before checking it.
+LANGUAGES: dict[str, Language] = {"simple_java": "java", "simple_javascript": "javascript"}
 ROLE = "bfcl"
 PRINCIPAL = {"user_id": "bfcl-user", "tenant_id": "bfcl", "roles": [ROLE]}
 STUBS = "tools.json"
@@ -186,9 +199,6 @@ def category_of(questions: Path, ids: Sequence[str], given: str | None = None) -
 
 # BFCL's categories import-bfcl does not take, and why, for the message that refuses them.
 UNSUPPORTED = {
-    "simple_javascript": "its answers are JavaScript calls, which callgate's tools never see",
-    "simple_java": "its answers are Java calls, which callgate's tools never see",
-    "live_relevance": "it scores whether any call is made, not the calls themselves",
     "multi_turn": "its questions run over several turns against BFCL's own stateful Python "
     "classes, which import-bfcl has no stub for",
     "memory": "it needs BFCL's memory backends",
@@ -234,7 +244,15 @@ def build(
     ``style_of``): its tools are named as such a model is shown them, and its results
     decoded as BFCL decodes that model's."""
     kind = CATEGORIES[category]
+    language = LANGUAGES.get(category, "python")
     style = style or style_of(results)
+    if language != "python" and answer is not None and style == "prompt":
+        raise InputError(
+            f"{results[0].file if results else '--results'}: BFCL reads a prompting model's "
+            f"{category} answers with tree-sitter's {language} grammar, which import-bfcl does "
+            "not carry; it takes a function-calling model's results (--model-style fc or "
+            "fc-underscore)"
+        )
     truth = {a.id: a for a in answers}
     given = {r.id: r for r in results}
     asked = {q.id for q in questions}
@@ -248,13 +266,15 @@ def build(
         if not re.fullmatch(r"[A-Za-z0-9][\w.-]*", q.id) or len(q.id) > 120:
             raise q.fail("id", f"{q.id!r} is not usable as a fixture id ([A-Za-z0-9][\\w.-]*)")
         docs = functions(q)
-        names = {f["name"]: _stub_name(q, i, f, stubs, style) for i, f in enumerate(docs)}
+        names = {f["name"]: _stub_name(q, i, f, stubs, style, language) for i, f in enumerate(docs)}
         calls: list[dict[str, Any]] = []
-        if kind != "irrelevance":
+        if category in RELEVANCE:
+            calls = [{"name": ANY_CALL, "arguments": {}}]
+        elif kind != "irrelevance":
             found = truth.get(q.id)
             if found is None:
                 raise InputError(f"{answers[0].file if answers else '--answers'}: no entry {q.id}")
-            calls = _expected(found, docs, names)
+            calls = _expected(found, docs, names, language)
         turn: dict[str, Any] = {
             "answers": {},
             "calls": calls,
@@ -274,7 +294,7 @@ def build(
         fixtures.append(
             {
                 "id": q.id,
-                "category": kind,
+                "category": RELEVANCE.get(category, kind),
                 "request": user_text(q),
                 "principal": PRINCIPAL,
                 "tools": list(names.values()),
@@ -285,12 +305,18 @@ def build(
 
 
 def _stub_name(
-    line: Line, index: int, doc: Mapping[str, Any], stubs: dict[str, dict[str, Any]], style: Style
+    line: Line,
+    index: int,
+    doc: Mapping[str, Any],
+    stubs: dict[str, dict[str, Any]],
+    style: Style,
+    language: Language = "python",
 ) -> str:
     """The suite's name for a function doc: the name a model of ``style`` is shown
     (``math_hypot`` for an underscore_to_dot FC model), unless another entry defined that
     name differently (one registry serves the suite): then ``NAME__2`` and on."""
     where = f"function[{index}].parameters"
+    doc = shown_to_model(doc, language)
     schema = json_schema(doc.get("parameters", {"type": "dict", "properties": {}}))
     try:
         Draft202012Validator.check_schema(schema)
@@ -314,8 +340,51 @@ def _stub_name(
         n += 1
 
 
+def shown_to_model(doc: Mapping[str, Any], language: Language) -> dict[str, Any]:
+    """A Java or JavaScript function as BFCL shows it to a model
+    (``_func_doc_language_specific_pre_processing``): every parameter a string of source text,
+    its declared type (and an array's item type, an object's entries) told in its
+    description; a Python function as defined."""
+    if language == "python":
+        return dict(doc)
+    shown: dict[str, Any] = json.loads(
+        json.dumps(doc)
+    )  # a deep copy: the question's own doc is not touched
+    name = "Java 8 SDK" if language == "java" else "JavaScript"
+    shown["description"] = (
+        f"{shown.get('description', '')} Note that the provided function is in {name} syntax."
+    )
+    props = (shown.get("parameters") or {}).get("properties") or {}
+    for param in props.values():
+        if isinstance(param, dict):
+            _as_source_text(param, "Java" if language == "java" else "JavaScript")
+    return shown
+
+
+def _as_source_text(param: dict[str, Any], language: str) -> None:
+    kind = param.get("type")
+    text = str(param.get("description", ""))
+    if kind == "any":
+        text += f" This parameter can be of any type of {language} object in string representation."
+    else:
+        text += f" This is {language} {kind} type parameter in string representation."
+    if kind in NESTED_TYPES and isinstance(param.get("items"), dict):
+        item = param.pop("items").get("type")
+        text += f" The list elements are of type {item}; they are not in string representation."
+    if language == "JavaScript" and kind == "dict" and "properties" in param:
+        text += (
+            " The dictionary entries have the following schema; they are not in string "
+            f"representation. {json.dumps(param.pop('properties'))}"
+        )
+    param["description"] = text
+    param["type"] = "string"
+
+
 def _expected(
-    found: Line, docs: Sequence[Mapping[str, Any]], names: Mapping[str, str]
+    found: Line,
+    docs: Sequence[Mapping[str, Any]],
+    names: Mapping[str, str],
+    language: Language = "python",
 ) -> list[dict[str, Any]]:
     truth = found.doc.get("ground_truth")
     if not isinstance(truth, list) or not truth:
@@ -339,7 +408,9 @@ def _expected(
             where = f"ground_truth[{i}].{tool}.{param}"
             if not isinstance(values, list):  # [] accepts nothing: BFCL's data has a few
                 raise found.fail(where, "must be a list of acceptable values")
-            arguments[param] = {"bfcl": _spec(found, where, param, props, values, required)}
+            arguments[param] = {
+                "bfcl": _spec(found, where, param, props, values, required, language)
+            }
             if param not in props:
                 # BFCL checks a given argument against the definition too: one the function
                 # does not declare fails, whatever the possible answer lists.
@@ -348,7 +419,7 @@ def _expected(
             # Required by the definition, absent from the possible answer: BFCL fails the
             # call whether it is left out (missing) or given (not in the answer).
             where = f"ground_truth[{i}].{tool}.{param}"
-            arguments[param] = {"bfcl": _spec(found, where, param, props, [], required)}
+            arguments[param] = {"bfcl": _spec(found, where, param, props, [], required, language)}
         calls.append({"name": names[tool], "arguments": arguments})
     return calls
 
@@ -360,16 +431,24 @@ def _spec(
     props: Mapping[str, Any],
     values: list[Any],
     required: set[str],
+    language: Language = "python",
 ) -> dict[str, Any]:
     """A ``bfcl`` matcher: the type the definition declares, BFCL's acceptable values."""
     doc = props.get(param)
     declared: dict[str, Any] = doc if isinstance(doc, dict) else {}
     kind = declared.get("type", "any")
-    if kind not in BFCL_TYPES:
-        raise found.fail(where, f"type {kind!r} is not one of BFCL's Python types")
+    types = TYPES_BY_LANGUAGE[language]
+    if kind not in types:
+        raise found.fail(where, f"type {kind!r} is not one of BFCL's {language} types")
     items = (declared.get("items") or {}).get("type")
     spec: dict[str, Any] = {"type": kind, "values": values}
-    if kind in ("array", "tuple") and items in BFCL_TYPES:
+    if language != "python":
+        spec["language"] = language
+        if kind in NESTED_TYPES:
+            if items not in types:  # BFCL's checker fails on it (KeyError)
+                raise found.fail(where, f"{kind} needs an item type of BFCL's {language} types")
+            spec["items"] = items
+    elif kind in ("array", "tuple") and items in types:
         spec["items"] = items
     if param in required:
         spec["required"] = True

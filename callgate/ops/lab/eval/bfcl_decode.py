@@ -308,3 +308,242 @@ def arguments_json(args: Mapping[Any, Any], declared: Mapping[str, Any]) -> dict
             value, kind if isinstance(kind, str) else None
         )
     return out
+
+
+# Java and JavaScript values ---------------------------------------------------------------
+# BFCL's Java and JavaScript functions take every argument as a string of source text
+# ("50L", "new int[]{1, 2}", "{'k': 1}"). Its checker converts that string with
+# ``java_type_converter`` / ``js_type_converter`` (bfcl_eval/eval_checker/ast_eval/
+# type_convertor) and then checks the converted value as it checks a Python one. The
+# converters below are BFCL's, rule for rule, quirks included: text that does not fit a type's
+# pattern stays a string, an array of Java Strings keeps its quotes, a Java ``char`` is never
+# converted. Nothing is evaluated: they are regular expressions and ``int``/``float``.
+
+Language = Literal["python", "java", "javascript"]
+# BFCL's type tables (bfcl_eval/constants/type_mappings.py): the Python class a converted
+# value must have.
+JAVA_TYPES: dict[str, type] = {
+    "byte": int,
+    "short": int,
+    "integer": int,
+    "float": float,
+    "double": float,
+    "long": int,
+    "boolean": bool,
+    "char": str,
+    "Array": list,
+    "ArrayList": list,
+    "Set": set,
+    "HashMap": dict,
+    "Hashtable": dict,
+    "Queue": list,
+    "Stack": list,
+    "String": str,
+    "any": str,
+}
+JS_TYPES: dict[str, type] = {
+    "String": str,
+    "integer": int,
+    "float": float,
+    "Bigint": int,
+    "Boolean": bool,
+    "dict": dict,
+    "array": list,
+    "any": str,
+}
+# The types whose items BFCL converts and checks one level deep.
+NESTED_TYPES = ("Array", "ArrayList", "array")
+# Java types BFCL's converter raises on (NotImplementedError): its checker crashes on them.
+_JAVA_UNCONVERTED = ("Set", "Hashtable", "Queue", "Stack")
+
+
+class Unconvertible(Exception):
+    """BFCL's converter raises on this value: its checker crashes, no verdict."""
+
+
+def convert(language: Language, text: str, kind: str, items: str | None = None) -> Any:
+    """A Java or JavaScript argument's text as BFCL's checker converts it for type ``kind``
+    (``items``: the declared item type of an array); ``Unconvertible`` where BFCL raises."""
+    try:
+        if language == "java":
+            return java_value(text, kind, items)
+        return js_value(text, kind, items)
+    except (ValueError, NotImplementedError, RecursionError, IndexError) as exc:
+        raise Unconvertible(str(exc)) from None
+
+
+def java_value(value: str, kind: str, items: str | None = None) -> Any:
+    """BFCL's ``java_type_converter``."""
+    if kind not in JAVA_TYPES or kind in _JAVA_UNCONVERTED:
+        raise ValueError(f"BFCL does not convert Java {kind}")
+    if kind in ("byte", "short", "integer"):
+        return int(value) if re.match(r"^-?\d+$", value) else str(value)
+    if kind == "float":
+        if not re.match(r"^-?\d+(\.\d+)?([eE][+-]?\d+)?[fF]$", value):
+            return str(value)
+        return float(re.sub(r"[fF]$", "", value))
+    if kind == "double":
+        if not re.match(r"^-?\d+(\.\d+)?([eE][+-]?\d+)?$", value):
+            return str(value)
+        return float(value)
+    if kind == "long":
+        return int(re.sub(r"[lL]$", "", value)) if re.match(r"^-?\d+[lL]$", value) else str(value)
+    if kind == "boolean":
+        return value == "true" if value in ("true", "false") else str(value)
+    if kind == "ArrayList":
+        return _java_arraylist(value, items)
+    if kind == "Array":
+        return _java_array(value, items)
+    if kind == "HashMap":
+        return _java_hashmap(value)
+    # String, any, and char (BFCL's char pattern, ^'.$', can never match: it stays text).
+    return str(value)
+
+
+def _java_element(text: str, items: str | None) -> Any:
+    if items in ("char", "String"):
+        return text[1:-1]  # BFCL drops the quotes whatever they are
+    return java_value(text, items) if items else _java_literal(text)
+
+
+def _java_arraylist(text: str, items: str | None) -> Any:
+    listed = re.search(r"new\s+ArrayList<\w*>\(Arrays\.asList\((.+?)\)\)", text)
+    if listed:
+        return [_java_element(e.strip(), items) for e in listed.group(1).split(",")]
+    added = re.search(r"new\s+ArrayList<\w*>\(\)\s*\{\{\s*(.+?)\s*\}\}", text, re.DOTALL)
+    if added:
+        return [
+            _java_element(m.strip(), items) for m in re.findall(r"add\((.+?)\)", added.group(1))
+        ]
+    if re.search(r"new\s+ArrayList<\w*>\(\)", text):
+        return []
+    return text
+
+
+def _java_array(text: str, items: str | None) -> Any:
+    found = re.search(r"new\s+\w+\[\]\s*\{(.*?)\}", text)
+    if not found:
+        return text
+    parts = [x.strip() for x in found.group(1).split(",") if x.strip()]
+    # Unlike an ArrayList's, an array's String items keep their quotes (BFCL's converter).
+    return [java_value(x, items) if items else _java_literal(x) for x in parts]
+
+
+def _java_hashmap(text: str) -> Any:
+    found = re.search(r"new\s+HashMap<.*?>\s*\(\)\s*\{\s*\{?\s*(.*?)\s*\}?\s*\}", text, re.DOTALL)
+    if found:
+        pairs = re.findall(r"put\(\"(.*?)\",\s*(.*?)\)", found.group(1))
+        return {key: _java_literal(raw.strip()) for key, raw in pairs}
+    if re.search(r"new\s+HashMap<.*?>\s*\(\)", text):
+        return {}
+    return text
+
+
+def _java_literal(text: str) -> Any:
+    """BFCL's ``parse_java_value``: a literal read without its declared type."""
+    if text in ("true", "false"):
+        return text == "true"
+    if text.startswith('"') and text.endswith('"'):
+        return text[1:-1]
+    if re.match(r"^-?\d+[lL]$", text):
+        return int(text[:-1])
+    if re.match(r"^-?\d+(\.\d+)?([eE][+-]?\d+)?[fF]$", text):
+        return float(re.sub(r"[fF]$", "", text))
+    return _number_or_text(text)
+
+
+def _number_or_text(text: str) -> Any:
+    try:
+        return int(text)
+    except ValueError:
+        try:
+            return float(text)
+        except ValueError:
+            return text
+
+
+def js_value(value: str, kind: str, items: str | None = None) -> Any:
+    """BFCL's ``js_type_converter``."""
+    if kind not in JS_TYPES:
+        raise ValueError(f"BFCL does not convert JavaScript {kind}")
+    if kind == "String":
+        quoted = (value.startswith('"') and value.endswith('"')) or (
+            value.startswith("'") and value.endswith("'")
+        )
+        return value[1:-1] if quoted else str(value)
+    if kind == "integer":
+        return int(value) if re.match(r"^-?\d+$", value) else str(value)
+    if kind == "float":
+        return float(value) if re.match(r"^-?\d+(\.\d+)?$", value) else str(value)
+    if kind == "Bigint":
+        return int(value[:-1]) if re.match(r"^-?\d+n$", value) else str(value)
+    if kind == "Boolean":
+        return value == "true" if value in ("true", "false") else str(value)
+    if kind == "dict":
+        return _js_object(value.strip())
+    if kind == "array":
+        return _js_array(value.strip(), items)
+    return str(value)  # any
+
+
+def _js_array(code: str, items: str | None) -> Any:
+    two_d = r"\[\s*\[.*?\]\s*(,\s*\[.*?\]\s*)*\]|\bnew\s+Array\(\s*\[.*?\]\s*(,\s*\[.*?\]\s*)*\)"
+    try:
+        nested = re.match(two_d, code)
+        if nested:
+            rows = []
+            for i, row in enumerate(re.findall(r"\[(.*?)\]", nested.group(0))):
+                row = row.strip()
+                if i == 0 and row.startswith("["):
+                    row = row[1:]
+                rows.append([_js_literal(e.strip()) for e in row.split(",")])
+            return rows
+        flat = re.match(r"\[(.*?)\]|\bnew\s+Array\((.*?)\)", code)
+        if not flat:
+            return code
+        inside = flat.group(1) if flat.group(1) is not None else flat.group(2)
+        inside = (inside or "").strip()
+        elements = inside.split(",") if inside else []
+        if items:
+            return [js_value(e.strip(), items, _quoted_items(e.strip())) for e in elements]
+        return [_js_literal(e.strip()) for e in elements]
+    except Exception:  # BFCL's converter returns the text on any failure here
+        return code
+
+
+def _quoted_items(element: str) -> str | None:
+    """BFCL converts a quoted item of an array of arrays as an array of Strings."""
+    return "String" if element.startswith(("'", '"')) else None
+
+
+def _js_object(code: str) -> Any:
+    if code == "{}":
+        return {}
+    found = re.match(r"\{(.*?)\}", code)
+    if not found:
+        return code
+    try:
+        out: dict[str, Any] = {}
+        pairs = re.findall(r"([^:]+):\s*(.*?)(?:,\s*(?=[^,]+:)|$)", found.group(1))
+        for key, raw in pairs:
+            key, raw = key.strip().strip("'\""), raw.strip()
+            if raw.startswith("[") and raw.endswith("]"):
+                out[key] = _js_array(raw, None)
+            elif raw.startswith("{") and raw.endswith("}"):
+                out[key] = _js_object(raw)
+            else:
+                out[key] = _js_literal(raw.strip("'\""))
+        return out
+    except Exception:  # BFCL's converter returns the text on any failure here
+        return code
+
+
+def _js_literal(text: str) -> Any:
+    """BFCL's ``parse_js_value``."""
+    text = text.strip()
+    if text in ("true", "false"):
+        return text == "true"
+    quoted = (text.startswith('"') and text.endswith('"')) or (
+        text.startswith("'") and text.endswith("'")
+    )
+    return text[1:-1] if quoted else _number_or_text(text)

@@ -6,9 +6,10 @@ either bound optional, both inclusive), ``{regex: PATTERN}`` (the whole string) 
 must match when given. A bare value is ``exact``. Numbers compare by value (``3`` matches
 ``3.0``), never a bool for a number.
 
-``{bfcl: {type, items, values, required, declared}}`` checks a value the way BFCL's AST checker does
-(``bfcl_matches``; docs/eval.md cites the source): ``values`` is BFCL's list of acceptable
-values for one parameter, ``""`` among them meaning it may be left out (unless ``required``).
+``{bfcl: {type, items, values, required, declared, language}}`` checks a value the way
+BFCL's AST checker does (``bfcl_matches``; docs/eval.md cites the source): ``values`` is BFCL's
+list of acceptable values for one parameter, ``""`` among them meaning it may be left out
+(unless ``required``); a Java or JavaScript argument is source text, converted first.
 """
 
 from __future__ import annotations
@@ -18,6 +19,15 @@ from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from callgate.ops.lab.eval.bfcl_decode import (
+    JAVA_TYPES,
+    JS_TYPES,
+    NESTED_TYPES,
+    Language,
+    Unconvertible,
+    convert,
+)
 
 
 class _Strict(BaseModel):
@@ -76,18 +86,33 @@ BFCL_TYPES: dict[str, type] = {
     "dict": dict,
     "any": str,
 }
+TYPES_BY_LANGUAGE: dict[str, dict[str, type]] = {
+    "python": BFCL_TYPES,
+    "java": JAVA_TYPES,
+    "javascript": JS_TYPES,
+}
 
 
 class BfclSpec(_Strict):
-    type: Literal["string", "integer", "float", "boolean", "array", "tuple", "dict", "any"]
-    items: (
-        Literal["string", "integer", "float", "boolean", "array", "tuple", "dict", "any"] | None
-    ) = None
+    # A type of the function's language: BFCL_TYPES for Python, bfcl_decode.JAVA_TYPES or
+    # JS_TYPES for Java and JavaScript, whose arguments are strings of source text that BFCL
+    # converts (bfcl_decode.convert) before checking them as Python values.
+    type: str
+    items: str | None = None
     values: list[Any]
     required: bool = False  # the function declares it required: never left out
     # False: the function's definition lacks the parameter, so any value given fails (BFCL's
     # "unexpected parameter"); it may still be left out when "" is among the values.
     declared: bool = True
+    language: Language = "python"
+
+    @model_validator(mode="after")
+    def _known_types(self) -> BfclSpec:
+        table = TYPES_BY_LANGUAGE[self.language]
+        for kind in (self.type, self.items):
+            if kind is not None and kind not in table:
+                raise ValueError(f"{kind!r} is not one of BFCL's {self.language} types")
+        return self
 
 
 class Bfcl(_Strict):
@@ -191,14 +216,35 @@ def standardize(text: str) -> str:
 def bfcl_matches(spec: BfclSpec, value: Any) -> bool:
     if not spec.declared:
         return False
+    if spec.language != "python":
+        return _source_text_matches(spec, value)
     kind = BFCL_TYPES[spec.type]
     nested = BFCL_TYPES[spec.items] if spec.items else None
     if spec.type == "float" and type(value) is int:
         value = float(value)  # Python's own int → float, as BFCL allows
-    answer_type = _answer_type(spec.values)
+    return _typed_value_matches(value, kind, nested, spec.values)
+
+
+def _source_text_matches(spec: BfclSpec, value: Any) -> bool:
+    """A Java or JavaScript argument: a string of source text, converted as BFCL converts
+    it, then checked as a Python value of the type's class (no int → float here)."""
+    if type(value) is not str:
+        return False
+    table = TYPES_BY_LANGUAGE[spec.language]
+    items = spec.items if spec.type in NESTED_TYPES else None
+    try:
+        converted = convert(spec.language, value, spec.type, items)
+    except Unconvertible:
+        return False  # BFCL's checker crashes on it: never a pass
+    nested = table[items] if items else None
+    return _typed_value_matches(converted, table[spec.type], nested, spec.values)
+
+
+def _typed_value_matches(value: Any, kind: type, nested: type | None, values: list[Any]) -> bool:
+    answer_type = _answer_type(values)
     variable = answer_type is not None and answer_type is not kind
     if type(value) is kind:
-        if isinstance(value, list) and nested and not _nested_types(value, spec.values, nested):
+        if isinstance(value, list) and nested and not _nested_types(value, values, nested):
             return False
     elif answer_type is not None and type(value) is answer_type:
         variable = True
@@ -206,16 +252,16 @@ def bfcl_matches(spec: BfclSpec, value: Any) -> bool:
         return False
     if not variable:  # the value has the declared type
         if isinstance(value, dict):
-            return _dict_ok(value, spec.values)
+            return _dict_ok(value, values)
         if isinstance(value, list) and nested is dict:
-            return _list_of_dicts_ok(value, spec.values)
+            return _list_of_dicts_ok(value, values)
         if isinstance(value, str):
-            return standardize(value) in [standardize(v) for v in spec.values if type(v) is str]
+            return standardize(value) in [standardize(v) for v in values if type(v) is str]
         if isinstance(value, list):
             return _standard_list(value) in [
-                _standard_list(v) for v in spec.values if isinstance(v, list | str)
+                _standard_list(v) for v in values if isinstance(v, list | str)
             ]
-    return any(value == v for v in spec.values)
+    return any(value == v for v in values)
 
 
 def _answer_type(values: list[Any]) -> type | None:
