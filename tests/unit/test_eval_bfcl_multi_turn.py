@@ -17,6 +17,7 @@ import pytest
 from callgate.core.errors import InputError
 from callgate.ops.lab.eval import bfcl_multi_turn as multi_turn
 from callgate.ops.lab.eval import bfcl_multi_turn_decode as decode
+from callgate.ops.lab.eval import bfcl_multi_turn_report as report
 from callgate.ops.lab.eval import bfcl_multi_turn_tools as tools
 from callgate.tools.registry import READ_ONLY, SideEffect
 
@@ -156,7 +157,7 @@ def test_the_executor_check_needs_state_responses_effects_and_correlation() -> N
     redacted = _entry_run()
     redacted.calls[0].response = '{"access_token": [redacted]}'
     assert redacted.executor_ok and redacted.redacted == 1
-    shown = multi_turn.tables([_entry_run(), _entry_run(state_equal=False, bfcl_valid=False)])
+    shown = report.tables([_entry_run(), _entry_run(state_equal=False, bfcl_valid=False)])
     assert "BFCL: 1 valid, 1 invalid, accuracy 0.500" in shown
     assert "Executor: 1/2 entries exact" in shown
 

@@ -153,7 +153,7 @@ def tool_for(class_name: str, doc: dict[str, Any]) -> Tool:
                 ledger.engine(), key, name, ctx.operation_id, kind == "write", step
             )
         except store.NoInstance as exc:
-            raise ToolError(str(exc), code=ErrorCode.NOT_FOUND) from None
+            raise ToolError(str(exc), code=ErrorCode.NOT_FOUND, applied=False) from None
         return {"response": response}
 
     return Tool(

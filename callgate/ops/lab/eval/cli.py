@@ -24,6 +24,7 @@ from callgate.ops.lab.eval import (
     bfcl_decode,
     bfcl_multi_turn,
     bfcl_multi_turn_backend,
+    bfcl_multi_turn_report,
     inputs,
     retrieval,
 )
@@ -363,10 +364,10 @@ def bfcl_multi_turn_cmd(
     runs = bfcl_multi_turn.run(load_settings(), entries, options, sys.stderr)
     command = " ".join(["callgate", "eval", *sys.argv[2:]]) if len(sys.argv) > 2 else ""
     try:
-        paths = bfcl_multi_turn.write(runs, out, command)
+        paths = bfcl_multi_turn_report.write(runs, out, command)
     except OSError as exc:
         raise InputError(f"--out {out}: cannot write the report ({exc.strerror})") from None
-    click.echo(bfcl_multi_turn.tables(runs), nl=False)
+    click.echo(bfcl_multi_turn_report.tables(runs), nl=False)
     if unanswered:
         click.echo(f"{len(unanswered)} questions have no result: not scored")
     click.echo("wrote " + ", ".join(str(p) for p in paths))
