@@ -150,9 +150,12 @@ WITH remembered AS (
 SELECT (SELECT count(*) FROM lost) AS lost, (SELECT count(*) FROM doubted) AS doubted
 """
 
+# Two sweepers may reconcile one history at once; each call is adopted by one of them (the
+# adoption's guard), so every reconciler adds its own count, whoever marked it first.
 FINISH_SQL = """
-UPDATE callgate.histories SET reconciled_at = now(), adopted = adopted + :adopted
- WHERE epoch = :epoch AND reconciled_at IS NULL
+UPDATE callgate.histories
+   SET reconciled_at = coalesce(reconciled_at, now()), adopted = adopted + :adopted
+ WHERE epoch = :epoch
 """
 
 _EPOCH = db.Statement(EPOCH_SQL)
@@ -274,12 +277,12 @@ def record_lost(engine: Engine, epoch: int, remembered: list[Remembered]) -> int
     return int(row.lost)
 
 
-def finish(engine: Engine, epoch: int, adopted: int) -> bool:
-    """Mark the history reconciled; False when another reconciler did it first."""
+def finish(engine: Engine, epoch: int, adopted: int) -> None:
+    """Mark the history reconciled (if no other reconciler did) and count the results this
+    one adopted."""
     with db.translate_errors("reconcile PostgreSQL's history"), engine.begin() as conn:
         conn.execute(text("SET LOCAL callgate.reconciling = 'on'"))
-        done = conn.execute(text(FINISH_SQL), {"epoch": epoch, "adopted": adopted})
-    return done.rowcount == 1
+        conn.execute(text(FINISH_SQL), {"epoch": epoch, "adopted": adopted})
 
 
 # The standbys the server streams to, as far as this role may see (a role without pg_monitor
