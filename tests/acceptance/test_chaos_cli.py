@@ -82,6 +82,29 @@ def test_every_catalogue_scenario_parses_and_names_its_faults() -> None:
             {"workload": {"turns": 1, "calls": [{"tool": "x"}]}, "stack": {"lease": 1}},
             "unknown key(s) lease",
         ),
+        (
+            {
+                "workload": {"turns": 1, "calls": [{"tool": "x"}]},
+                "faults": [{"action": "freeze_replica"}],
+            },
+            "needs replicated = true",
+        ),
+        (
+            {
+                "workload": {"turns": 1, "calls": [{"tool": "x"}]},
+                "stack": {"replicated": True},
+                "faults": [{"action": "kill_worker", "at": "crash_gap", "tool": "x"}],
+            },
+            "the point 'crash_gap' reads the downstream",
+        ),
+        (
+            {
+                "workload": {"turns": 1, "calls": [{"tool": "x"}]},
+                "stack": {"replicated": True},
+                "faults": [{"action": "fail_over", "at": "progress"}],
+            },
+            "fail_over needs a freeze_replica before it",
+        ),
     ],
 )
 def test_a_bad_scenario_document_is_refused_with_its_place(

@@ -192,3 +192,31 @@ def test_postgres_backends_terminated_mid_run_lose_nothing() -> None:
 
 def test_embedded_postgres_restarted_mid_run_loses_nothing() -> None:
     passed("postgres-restart", embedded=True)
+
+
+# --- topology -----------------------------------------------------------------------------
+
+
+def test_postgres_failover_to_a_lagging_replica_doubles_nothing() -> None:
+    """callgate's database on a primary whose asynchronous replica stops receiving WAL once
+    the turns are in; the primary is killed at half the calls done and the replica
+    promoted. The ledger and the downstreams live on the test server, so the effects that
+    happened on the lost history are counted."""
+    row = passed("postgres-failover")
+    c = row["counts"]
+    freeze, fail_over = row["faults_injected"]
+    assert (freeze["action"], fail_over["action"]) == ("freeze_replica", "fail_over")
+    assert fail_over["ended_before"] >= c["calls"] // 2 > freeze["ended_before"]
+    assert c["failovers"] == 1 and c["lost_turns"] == 0
+    # The calls that ended on the lost history are open again on the promoted replica:
+    # those whose results the relayer had published are adopted, the others run again (a
+    # read, a keyed refund) or are put in doubt (the unkeyed charge). How many of each
+    # depends on the moment; the runner's invariants (one result per call on the streams
+    # and in the database, at most one change per write downstream, every turn collected)
+    # must hold whatever it is.
+    assert c["adopted"] <= c["calls"]
+    assert c["adopted"] + c["doubted"] >= 1
+    assert c["writes"] == 8 and c["side_effects"] <= c["writes"]
+    unkeyed = row["outcomes"]["charge_unkeyed"]
+    assert set(unkeyed) <= {"succeeded", "reconciliation_pending"}
+    assert unkeyed.get("reconciliation_pending", 0) <= c["doubted"]

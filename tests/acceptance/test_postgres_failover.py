@@ -25,13 +25,13 @@ from sqlalchemy import Engine, text
 
 from callgate.core.errors import TurnLost
 from callgate.core.settings import Settings
+from callgate.ops.lab.replicated import Replicated
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
 from callgate.queue import transport
 from callgate.store import db, migrate
 from tests.acceptance.conftest import wait_until
 from tests.faults import tools
-from tests.integration.replication import Replicated
 
 pytestmark = pytest.mark.services
 

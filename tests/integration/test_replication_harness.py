@@ -10,7 +10,7 @@ from typing import Any, LiteralString
 import psycopg
 import pytest
 
-from tests.integration.replication import Replicated
+from callgate.ops.lab.replicated import Replicated
 
 pytestmark = pytest.mark.services
 

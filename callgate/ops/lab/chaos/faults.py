@@ -16,6 +16,7 @@ from sqlalchemy import Engine, text
 from callgate.ops.lab.chaos import invariants
 from callgate.ops.lab.chaos.scenario import FaultSpec, StackSpec
 from callgate.ops.lab.chaos.services import OwnedPostgres, OwnedRedis, terminate_backends
+from callgate.ops.lab.replicated import Replicated
 from callgate.ops.stack import Stack
 from callgate.producer import Producer
 from callgate.queue import transport
@@ -89,6 +90,10 @@ class Live:
     postgres: OwnedPostgres | None
     calls: list[Call] = field(default_factory=list)
     replacements: int = 0
+    # A replicated scenario: callgate's primary and replica, and the run's server holding
+    # the downstreams and the ledger (``engine`` reads callgate's rows, on the primary).
+    replicated: Replicated | None = None
+    ledger: Engine | None = None
 
     def workers(self) -> list[str]:
         return sorted(
@@ -248,6 +253,17 @@ def inject(live: Live, fault: PlannedFault, point: dict[str, Any], window: float
                 {"t": spec.tool, "s": seconds, "n": spec.requests},
             )
         done.update({"tool": spec.tool, "seconds": seconds, "requests": spec.requests})
+    elif spec.action == "freeze_replica":
+        assert live.replicated is not None
+        live.replicated.caught_up()
+        live.replicated.freeze()
+        done["ended_before"] = invariants.terminal_count(live.engine)
+    elif spec.action == "fail_over":
+        assert live.replicated is not None
+        # The calls that ended after the freeze are open again on the promoted replica:
+        # only their published results tell what happened.
+        done["ended_before"] = invariants.terminal_count(live.engine)
+        live.replicated.fail_over()
     elif spec.action == "approve":
         resumed = approvals.approve(
             live.engine, point["approval_id"], by=APPROVER, tenant=_tenant(live)

@@ -44,6 +44,12 @@ COUNT_SQL = {
         "SELECT count(*) FROM callgate.calls"
         " WHERE result #>> '{error,code}' = 'reconciliation_pending'"
     ),
+    # After a PostgreSQL failover: the histories callgate reconciled, the writes it put in
+    # doubt, the results it adopted from Redis, the turns the new history lacked.
+    "failovers": "SELECT count(*) FROM callgate.histories WHERE epoch > 0",
+    "doubted": "SELECT coalesce(sum(doubted), 0) FROM callgate.histories",
+    "adopted": "SELECT coalesce(sum(adopted), 0) FROM callgate.histories",
+    "lost_turns": "SELECT count(*) FROM callgate.lost_turns",
 }
 
 # Per (write operation, resource): how many times the downstream changed it.

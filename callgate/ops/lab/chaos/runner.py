@@ -4,13 +4,16 @@ then the invariants from the database."""
 
 from __future__ import annotations
 
+import json
 import random
 import time
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import redis
 from sqlalchemy import Engine, create_engine, text
 
 from callgate.core.errors import CallgateError
@@ -18,11 +21,17 @@ from callgate.core.settings import Settings
 from callgate.ops.lab.chaos import faults, invariants, tools
 from callgate.ops.lab.chaos.faults import Call, Live, PlannedFault, PointNotReached
 from callgate.ops.lab.chaos.scenario import Scenario, StackSpec
-from callgate.ops.lab.chaos.services import Services, database_name, redis_binary
+from callgate.ops.lab.chaos.services import (
+    Services,
+    copy_history,
+    database_name,
+    redis_binary,
+)
+from callgate.ops.lab.replicated import Replicated, server_programs
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
 from callgate.queue import transport
-from callgate.store import db
+from callgate.store import db, migrate
 
 CONTEXT = {"tenant_id": "tenant-a", "user_id": "user-17", "roles": ["support"]}
 FAN_IN_SECONDS = 10.0
@@ -84,6 +93,11 @@ def not_applicable(scenario: Scenario, services: Services) -> str | None:
         return "needs a PostgreSQL the runner owns (embedded: leave CALLGATE_DATABASE_URL unset)"
     if scenario.stack.own_redis and redis_binary() is None:
         return "needs a redis-server binary the runner can start"
+    if scenario.stack.replicated and server_programs() is None:
+        return (
+            "needs PostgreSQL's server programs (initdb, pg_ctl, pg_basebackup) for a "
+            "primary and replica of its own: the postgresql package, or the demo extra"
+        )
     return None
 
 
@@ -110,11 +124,17 @@ def prepare_live(
     on its own database (and its own redis-server when ``own_redis`` and the runner may
     start one)."""
     database_url = services.database(name)
+    pair = replicated_store(name) if spec.replicated else None
+    ledger_url = database_url
+    if pair is not None:
+        database_url = pair.url
     owned = services.owned_redis() if own_redis else None
     redis_url = owned.url if owned is not None else services.redis_url
     assert redis_url is not None
     log = str(log_dir / f"{name}.log") if log_dir is not None else None
     env = process_env(database_url, redis_url, name, spec)
+    if pair is not None:
+        env["CALLGATE_DOWNSTREAM_DATABASE_URL"] = ledger_url
     producer = Producer(
         settings=Settings.from_env(env),
         engine=db.create(database_url, application_name="callgate-producer"),
@@ -131,7 +151,28 @@ def prepare_live(
         database=database_name(database_url),
         redis=owned,
         postgres=services.postgres if own_postgres else None,
+        replicated=pair,
+        ledger=control_engine(ledger_url) if pair is not None else None,
     )
+
+
+def replicated_store(label: str) -> Replicated:
+    """callgate's database on a primary of the runner's own, migrated, with a streaming
+    replica caught up with it."""
+    pair = Replicated(database=f"callgate_chaos_{label.replace('-', '_')[:30]}")
+    try:
+        pair.start()
+        engine = db.create(pair.url, application_name="callgate-chaos")
+        try:
+            with db.translate_errors("chaos: migrate the replicated primary"):
+                migrate.upgrade(engine)
+        finally:
+            engine.dispose()
+        pair.replicate()
+    except BaseException:
+        pair.close()
+        raise
+    return pair
 
 
 def run_scenario(
@@ -175,6 +216,9 @@ def run_scenario(
             last_fault_at = _now(engine)
         _wait_settled(live, scenario.recovery_seconds)
         report.violations.extend(fan_in(live))
+        report.violations.extend(
+            one_result_per_call(producer.redis, settings.queue, (c.turn_id for c in live.calls))
+        )
     except CallgateError as exc:
         report.violations.append(f"the runner's own call failed: {exc}")
     finally:
@@ -183,9 +227,19 @@ def run_scenario(
         if owned is not None:
             owned.stop()
     try:
-        judge(report, scenario, engine, last_fault_at)
+        judged = engine
+        if live.replicated is not None and live.ledger is not None:
+            # The invariants join callgate's rows with the downstream's: bring the history
+            # that survived next to the ledger.
+            copy_history(live.replicated.url, live.ledger.url.render_as_string(hide_password=False))
+            judged = live.ledger
+        judge(report, scenario, judged, last_fault_at)
     finally:
         engine.dispose()
+        if live.ledger is not None:
+            live.ledger.dispose()
+        if live.replicated is not None:
+            live.replicated.close()
     report.seconds = time.monotonic() - started
     return report
 
@@ -299,6 +353,30 @@ def fan_in(live: Live) -> list[str]:
                 f"fan-in of turn {turn_id} incomplete: {len(collected.results)}/{expected}"
                 f" results, pending {collected.pending}"
             )
+    return problems
+
+
+def one_result_per_call(connection: redis.Redis, queue: str, turns: Iterable[str]) -> list[str]:
+    """Every copy of a call's result on its turn's stream is the same result: a
+    republished copy is allowed, a second, different ending never."""
+    problems: list[str] = []
+    for turn_id in sorted(set(turns)):
+        stream = transport.results_stream(queue, turn_id)
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = connection.xrange(stream)  # type: ignore[assignment]
+        seen: dict[str, set[str]] = {}
+        for _entry, fields in entries:
+            raw = fields.get(b"result")
+            if raw is None:
+                continue
+            result = json.loads(raw)
+            seen.setdefault(str(result.get("call_id")), set()).add(
+                json.dumps(result, sort_keys=True)
+            )
+        problems.extend(
+            f"call {call_id} has {len(results)} different results on its turn's stream (one)"
+            for call_id, results in sorted(seen.items())
+            if len(results) > 1
+        )
     return problems
 
 

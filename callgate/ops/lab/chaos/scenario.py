@@ -48,7 +48,13 @@ ACTIONS = {
     "outage": "the tool's downstream answers upstream_unavailable for `seconds`, or to its"
     " next `requests` requests",
     "approve": "a person of the tenant approves the parked call",
+    "freeze_replica": "wait until the streaming replica has everything, then stop it: what"
+    " the primary commits from now on is lost by the failover",
+    "fail_over": "kill the primary (immediate) and promote the frozen replica on its port",
 }
+# A replicated scenario keeps callgate's rows and the downstream's on two servers, so its
+# faults can only wait for points that read callgate's rows alone.
+REPLICATED_POINTS = ("start", "submitted", "progress", "published")
 POINTS = {
     "start": "before the workload is submitted",
     "submitted": "as soon as the workload is submitted",
@@ -77,6 +83,10 @@ COUNTS = (
     "outage_refusals",
     "approvals_granted",
     "reconciliation_pending",
+    "failovers",
+    "doubted",
+    "adopted",
+    "lost_turns",
 )
 _STACK_KEYS = {
     "workers": int,
@@ -89,6 +99,7 @@ _STACK_KEYS = {
     "approval_amount": int,
     "own_redis": bool,
     "own_postgres": bool,
+    "replicated": bool,
     "sweeper": bool,
 }
 
@@ -107,6 +118,9 @@ class StackSpec:
     approval_amount: int = 100_000
     own_redis: bool = False
     own_postgres: bool = False
+    # callgate's database on a primary with an asynchronous streaming replica of the
+    # runner's own; the downstreams and the invocation ledger stay on the run's server.
+    replicated: bool = False
     sweeper: bool = True
 
 
@@ -190,6 +204,7 @@ def parse(name: str, doc: dict[str, Any]) -> Scenario:
         _fault(f, f"{where} [[faults]] #{i + 1}") for i, f in enumerate(doc.get("faults", []))
     )
     expect = _expect(doc.get("expect", {}), f"{where} [expect]")
+    _check_replicated(stack, faults, where)
     return Scenario(
         name=name,
         summary=_typed(doc.get("summary", ""), str, f"{where}: summary"),
@@ -201,6 +216,25 @@ def parse(name: str, doc: dict[str, Any]) -> Scenario:
             _typed(doc.get("recovery_seconds", 30.0), (int, float), f"{where}: recovery_seconds")
         ),
     )
+
+
+def _check_replicated(stack: StackSpec, faults: tuple[FaultSpec, ...], where: str) -> None:
+    replica_faults = [f for f in faults if f.action in ("freeze_replica", "fail_over")]
+    if replica_faults and not stack.replicated:
+        raise InputError(f"{where}: {replica_faults[0].action} needs replicated = true in [stack]")
+    if not stack.replicated:
+        return
+    if stack.own_postgres:
+        raise InputError(f"{where}: [stack] replicated and own_postgres exclude each other")
+    for f in faults:
+        if f.at not in REPLICATED_POINTS:
+            raise InputError(
+                f"{where}: a replicated scenario's faults wait for {', '.join(REPLICATED_POINTS)}"
+                f" (the point {f.at!r} reads the downstream, which is on another server)"
+            )
+    actions = [f.action for f in faults]
+    if "fail_over" in actions and "freeze_replica" not in actions[: actions.index("fail_over")]:
+        raise InputError(f"{where}: fail_over needs a freeze_replica before it")
 
 
 def _only(doc: Any, keys: set[str], where: str) -> None:

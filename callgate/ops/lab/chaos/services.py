@@ -251,5 +251,40 @@ def terminate_backends(
     return int(row[0]) if row and row[0] is not None else 0
 
 
+# callgate's tables, copied from a replicated scenario's promoted primary to its ledger
+# database, so the invariants can join them with the downstream's rows there; referenced
+# tables first.
+HISTORY_TABLES = (
+    "turns",
+    "operations",
+    "approvals",
+    "calls",
+    "outbox",
+    "trace_events",
+    "histories",
+    "lost_turns",
+)
+
+
+def copy_history(source_url: str, ledger_url: str) -> None:
+    """Replace the ledger database's callgate rows by the ones ``source_url`` holds (same
+    schema version: both were migrated by this run)."""
+    with (
+        psycopg.connect(db.libpq_url(source_url), connect_timeout=5) as source,
+        psycopg.connect(db.libpq_url(ledger_url), connect_timeout=5) as ledger,
+    ):
+        # The ledger's copy of callgate never had a history of its own to reconcile.
+        ledger.execute("SET LOCAL callgate.reconciling = 'on'")
+        tables = ", ".join(f"callgate.{t}" for t in HISTORY_TABLES)
+        ledger.execute(f"TRUNCATE {tables}")
+        for table in HISTORY_TABLES:
+            with (
+                source.cursor().copy(f"COPY callgate.{table} TO STDOUT (FORMAT binary)") as out,
+                ledger.cursor().copy(f"COPY callgate.{table} FROM STDIN (FORMAT binary)") as into,
+            ):
+                for data in out:
+                    into.write(data)
+
+
 def database_name(url: str) -> str:
     return str(make_url(url).database)

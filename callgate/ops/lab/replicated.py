@@ -1,9 +1,11 @@
-"""A real PostgreSQL primary and an asynchronous streaming replica (Debian's PostgreSQL 15),
-private to one test, for tests of what a failover does to callgate.
+"""A real PostgreSQL primary and an asynchronous streaming replica, private to one test or
+one chaos scenario, to see what a failover does to callgate.
 
-Both clusters live in a temporary folder owned by ``postgres`` (the servers refuse to run as
-root), listen on 127.0.0.1 only, trust every local connection and are killed, with the
-folder, by ``close()``.
+The servers are PostgreSQL's own programs (``initdb``, ``pg_ctl``, ``pg_basebackup``): a
+Debian/Ubuntu ``postgresql`` package's, any on ``PATH``, or the ones the demo extra's pgserver
+ships. Both clusters live in a temporary folder, listen on 127.0.0.1 only, trust every local
+connection and are killed, with the folder, by ``close()``. The servers refuse to run as root:
+under root they run as the ``postgres`` user, which must exist.
 
 The moment a test chooses is modelled by ``freeze()``: the replica stops and keeps exactly
 the WAL it received so far; whatever the primary commits after is lost by ``fail_over()``,
@@ -23,8 +25,13 @@ one a client was given::
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
+import pwd
+import random
+import re
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -35,12 +42,14 @@ from typing import Any, Literal, LiteralString
 
 import psycopg
 
-from tests.acceptance.prometheus_server import free_port_block
+from callgate.core.errors import CallgateError, ErrorCode
 
-# The servers refuse to run as root; Debian's postgresql package makes this user.
+# The database superuser initdb creates, and the system user the servers run as under root
+# (Debian's postgresql package makes it).
 RUN_AS = "postgres"
-BIN = Path("/usr/lib/postgresql/15/bin")
 DATABASE = "test"
+# Every program this harness runs; a folder that lacks one is not a server install.
+PROGRAMS = ("initdb", "pg_ctl", "pg_basebackup", "postgres")
 # What the replica calls itself to the primary: synchronous_standby_names may name it.
 REPLICA_NAME = "replica"
 TIMEOUT = 30.0
@@ -72,11 +81,17 @@ class Replicated:
     """A primary on ``port``, and after ``replicate()`` a streaming replica on
     ``replica_port``; after ``fail_over()``, ``port`` serves the promoted replica."""
 
-    def __init__(self) -> None:
+    def __init__(self, database: str = DATABASE) -> None:
+        self.bin = server_programs()
+        if self.bin is None:
+            raise unavailable()
+        self.as_user = _service_user()
+        self.database = database
         self.root = Path(tempfile.mkdtemp(prefix="callgate-pgrepl-"))
-        # The servers write into it as postgres; the sockets go here too, so nothing of the
-        # machine's own cluster (/var/run/postgresql) is touched.
-        shutil.chown(self.root, RUN_AS, RUN_AS)
+        # The servers write into it; the sockets go here too, so nothing of the machine's
+        # own cluster (/var/run/postgresql) is touched.
+        if self.as_user is not None:
+            shutil.chown(self.root, self.as_user, self.as_user)
         self.port, self.replica_port = _two_ports()
         self.primary_dir = self.root / "primary"
         self.replica_dir = self.root / "replica"
@@ -101,7 +116,7 @@ class Replicated:
         self.close()
 
     def start(self) -> None:
-        """initdb the primary, start it, and create the database ``test``."""
+        """initdb the primary, start it, and create the database (``test`` by default)."""
         self._run(
             "initdb",
             "-D",
@@ -120,13 +135,13 @@ class Replicated:
         )
         self._start(self.primary_dir, self.port)
         with self._connect(self.port, "postgres") as conn:
-            conn.execute(f"CREATE DATABASE {DATABASE}")
+            conn.execute(f'CREATE DATABASE "{self.database}"')
 
     def close(self) -> None:
         """Kill both servers (whatever state a failed test left them in) and remove it all."""
         for data in list(self.running):
             # A server that never came up, or is already gone: pg_ctl fails, and that is fine.
-            with contextlib.suppress(AssertionError, OSError):
+            with contextlib.suppress(CallgateError, OSError):
                 self._stop(data, "immediate")
         shutil.rmtree(self.root, ignore_errors=True)
 
@@ -227,11 +242,11 @@ class Replicated:
 
     @property
     def url(self) -> str:
-        return f"postgresql://{RUN_AS}@127.0.0.1:{self.port}/{DATABASE}"
+        return f"postgresql://{RUN_AS}@127.0.0.1:{self.port}/{self.database}"
 
     @property
     def replica_url(self) -> str:
-        return f"postgresql://{RUN_AS}@127.0.0.1:{self.replica_port}/{DATABASE}"
+        return f"postgresql://{RUN_AS}@127.0.0.1:{self.replica_port}/{self.database}"
 
     def logs(self) -> str:
         return "\n".join(
@@ -272,11 +287,15 @@ class Replicated:
         self.running.discard(data)
 
     def _run(self, program: str, *args: str) -> None:
-        """``program`` as postgres, from the folder it owns (initdb complains about a cwd
-        it cannot read)."""
+        """``program`` (as postgres under root), from the folder it owns (initdb complains
+        about a cwd it cannot read)."""
+        assert self.bin is not None
+        command = [str(self.bin / program), *args]
+        if self.as_user is not None:
+            command = ["runuser", "-u", self.as_user, "--", *command]
         try:
             subprocess.run(
-                ["runuser", "-u", RUN_AS, "--", str(BIN / program), *args],
+                command,
                 cwd=self.root,
                 env={**os.environ, "LC_ALL": "C.UTF-8"},
                 capture_output=True,
@@ -285,18 +304,18 @@ class Replicated:
                 check=True,
             )
         except subprocess.CalledProcessError as exc:
-            raise AssertionError(
+            raise _failed(
                 f"{program} failed ({exc.returncode}): {exc.stderr or exc.stdout}\n{self.logs()}"
             ) from None
         except subprocess.TimeoutExpired:
-            raise AssertionError(f"{program} did not finish\n{self.logs()}") from None
+            raise _failed(f"{program} did not finish\n{self.logs()}") from None
 
-    def _connect(self, port: int, database: str = DATABASE) -> psycopg.Connection[Any]:
+    def _connect(self, port: int, database: str | None = None) -> psycopg.Connection[Any]:
         return psycopg.connect(
             host="127.0.0.1",
             port=port,
             user=RUN_AS,
-            dbname=database,
+            dbname=database or self.database,
             autocommit=True,
             connect_timeout=2,
         )
@@ -316,7 +335,7 @@ class Replicated:
             except psycopg.Error as exc:  # a server still starting, or restarting
                 last = exc
             time.sleep(0.05)
-        raise AssertionError(f"timed out waiting for {what} (last error: {last})\n{self.logs()}")
+        raise _failed(f"timed out waiting for {what} (last error: {last})\n{self.logs()}")
 
 
 def _configure(data: Path, settings: dict[str, str]) -> None:
@@ -326,6 +345,77 @@ def _configure(data: Path, settings: dict[str, str]) -> None:
         f.writelines(f"{name} = {value}\n" for name, value in settings.items())
 
 
+def server_programs() -> Path | None:
+    """The newest folder holding PostgreSQL's server programs: a Debian/Ubuntu package's,
+    the one on PATH, or pgserver's (the demo extra); None when there is none."""
+    debian = sorted(
+        Path("/usr/lib/postgresql").glob("*/bin"),
+        key=lambda p: [int(n) for n in re.findall(r"\d+", p.parent.name)],
+        reverse=True,
+    )
+    on_path = shutil.which("pg_basebackup")
+    candidates = [*debian, *([Path(on_path).parent] if on_path else []), *_pgserver_bin()]
+    for folder in candidates:
+        if all((folder / program).is_file() for program in PROGRAMS):
+            return folder
+    return None
+
+
+def unavailable() -> CallgateError:
+    return _failed(
+        "a replicated PostgreSQL needs PostgreSQL's server programs (initdb, pg_ctl, "
+        "pg_basebackup): install the postgresql package, or pip install 'callgate[demo]'"
+    )
+
+
+def _pgserver_bin() -> list[Path]:
+    spec = importlib.util.find_spec("pgserver")
+    if spec is None or spec.origin is None:
+        return []
+    return [Path(spec.origin).parent / "pginstall" / "bin"]
+
+
+def _service_user() -> str | None:
+    """Who the servers run as: ``postgres`` under root (they refuse root), else ourselves."""
+    if os.geteuid() != 0:
+        return None
+    try:
+        pwd.getpwnam(RUN_AS)
+    except KeyError:
+        raise _failed(
+            f"PostgreSQL refuses to run as root and there is no {RUN_AS!r} user to run it as: "
+            f"create one, or run as another user"
+        ) from None
+    return RUN_AS
+
+
+def _failed(message: str) -> CallgateError:
+    return CallgateError(message, code=ErrorCode.EMBEDDED_SERVICE_FAILED)
+
+
 def _two_ports() -> tuple[int, int]:
-    base = free_port_block(2)
-    return base, base + 1
+    """Two consecutive ports free now, below the kernel's ephemeral range: the servers bind
+    them seconds later, and meanwhile any outgoing connection could be given a port from
+    that range."""
+    top = _ephemeral_low() - 3
+    for _ in range(500):
+        base = random.randint(10000, top)
+        if _free(base) and _free(base + 1):
+            return base, base + 1
+    raise _failed("no two consecutive free ports for a replicated PostgreSQL")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def _free(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
