@@ -5,8 +5,10 @@ at the start of each sweep. On the history callgate last reconciled it is one in
 On a new one (a promoted replica, a restore) the statement triggers already refuse every
 statement that would record, reserve or end anything, and this:
 
-1. records the history and puts in doubt every write that may have been reserved on the lost
-   one (``store.histories.begin``);
+1. records the history, numbered past every epoch recorded here and past the results fence
+   in Redis (a replica promoted by a second failover may lack the first one's record), and
+   puts in doubt every write that may have been reserved on the lost one
+   (``store.histories.begin``);
 2. raises the results fence in Redis to the new epoch, so a relayer still holding rows from
    the lost history can no longer publish them;
 3. records as lost the turns Redis remembers being submitted that the history lacks, their
@@ -46,7 +48,7 @@ def reconcile(engine: Engine, queue: Queue, *, job_timeout: float) -> Reconciled
     """Reconcile the server's history if it is new; None when there was nothing to do."""
     if histories.epoch(engine) is not None:
         return None
-    begun = histories.begin(engine)
+    begun = histories.begin(engine, reached=results.fence(queue.connection, queue.name))
     if begun is None:
         return None
     log.warning(

@@ -102,6 +102,14 @@ def raise_fence(connection: redis.Redis, queue: str, epoch: int) -> int:
         return int(script(keys=[fence_key(queue)], args=[epoch]))
 
 
+def fence(connection: redis.Redis, queue: str) -> int | None:
+    """The epoch the results fence stands at: the last history any reconciler reached for
+    ``queue`` (None: never raised)."""
+    with transport.translate_errors("read the results fence"):
+        value = connection.get(fence_key(queue))
+    return None if value is None else int(value)
+
+
 def published(
     connection: redis.Redis, queue: str, turns: Iterable[uuid.UUID]
 ) -> dict[tuple[uuid.UUID, str], str]:

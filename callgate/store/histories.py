@@ -193,9 +193,14 @@ class Unreconciled:
     open_calls: list[OpenCall]
 
 
-def begin(engine: Engine) -> Unreconciled | None:
+def begin(engine: Engine, *, reached: int | None = None) -> Unreconciled | None:
     """Record the server's history if it is new and put its writes in doubt; None when the
-    last recorded history is the server's and is reconciled (nothing to do)."""
+    last recorded history is the server's and is reconciled (nothing to do).
+
+    ``reached`` is the highest epoch any reconciler is known to have reached elsewhere (the
+    results fence in Redis). A second failover can promote a replica that never received
+    the first one's reconciliation: numbering from its own rows would hand out that epoch
+    again, and with it fencing tokens already used."""
     with db.translate_errors("reconcile PostgreSQL's history"), engine.begin() as conn:
         conn.execute(text("SET LOCAL callgate.reconciling = 'on'"))
         conn.execute(text(LOCK_SQL))
@@ -210,6 +215,8 @@ def begin(engine: Engine) -> Unreconciled | None:
             now = int(latest.epoch)  # recorded by a reconciler that did not finish: resume
         else:
             now = 0 if latest is None else int(latest.epoch) + 1
+            if reached is not None:
+                now = max(now, reached + 1)
             conn.execute(
                 text(RECORD_SQL),
                 {
