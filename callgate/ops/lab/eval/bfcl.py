@@ -14,7 +14,9 @@ The format (docs/eval.md, "Importing BFCL", cites its source): one JSON object a
 
 The fixtures check what BFCL's ``ast_checker`` checks: the tool named as the model's
 convention shows it, every argument against the possible answer and the function's own
-definition, a parallel set matched greedily in BFCL's order.
+definition, a parallel set matched greedily in BFCL's order. A Java or JavaScript function's
+arguments are strings of source text, converted as BFCL converts them before that check
+(``bfcl_decode.convert``); a relevance question expects any call at all.
 
 ``build`` is pure over the parsed lines; ``read_lines`` and ``write_suite`` do the I/O. Bad
 input is one ``invalid_input`` error naming the file, the line and the field.
