@@ -5,7 +5,8 @@ checker gave once, stored with the fixture. This one fetches the reference itsel
 ``bfcl-eval`` wheel, without its dependencies (they include torch and pinned numpy; its
 checker and decoders need none of them), generates answers to other questions than the
 stored set's (12 per category instead of 4, spaced through each file), lets BFCL's checker
-judge each, and requires callgate's verdict to be the same on every one.
+judge each, and requires callgate's verdict to be the same on every one, in each of the
+thirteen categories (Java, JavaScript and relevance among them).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_eval_bfcl_conformance import agreement
+from tests.unit.test_eval_bfcl_conformance import agreement, load_cases
 
 pytestmark = pytest.mark.slow
 
@@ -60,6 +61,11 @@ def test_every_verdict_equals_bfcl_evals_on_a_held_out_set(tmp_path: Path) -> No
 
     agreed, disagreed = agreement(verdicts)
     assert agreed > 1000, f"only {agreed} cases: is the generator broken?"
+    outcomes: dict[str, set[bool]] = {}
+    for case in load_cases(verdicts):
+        outcomes.setdefault(case["category"], set()).add(case["bfcl"])
+    assert len(outcomes) == 13, sorted(outcomes)
+    assert all(seen == {True, False} for seen in outcomes.values()), outcomes
     assert disagreed == [], [
         (c["id"], c["style"], c["kind"], c["bfcl"], c["result"]) for c in disagreed[:10]
     ]

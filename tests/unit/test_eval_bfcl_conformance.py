@@ -89,7 +89,7 @@ def callgate_verdict(
     return all(verdicts)
 
 
-def _cases(path: Path = VERDICTS) -> list[dict[str, Any]]:
+def load_cases(path: Path = VERDICTS) -> list[dict[str, Any]]:
     doc = json.loads(path.read_text(encoding="utf-8"))
     return [
         {**c, "question": doc["questions"][c["id"]], "ground_truth": doc["answers"].get(c["id"])}
@@ -97,7 +97,7 @@ def _cases(path: Path = VERDICTS) -> list[dict[str, Any]]:
     ]
 
 
-CASES = _cases()
+CASES = load_cases()
 
 
 def test_the_verdicts_cover_thirteen_categories_and_both_outcomes() -> None:
@@ -229,7 +229,7 @@ def test_greedy_matching_is_bfcls() -> None:
 
 def agreement(path: Path) -> tuple[int, list[dict[str, Any]]]:
     """How many cases of a verdicts file agree with BFCL, and the ones that do not."""
-    cases = _cases(path)
+    cases = load_cases(path)
     wrong = [
         c
         for c in cases
@@ -249,7 +249,7 @@ if __name__ == "__main__":
     total = agreed + len(disagreed)
     print(f"{agreed}/{total} verdicts agree with BFCL's ({100 * agreed / total:.2f}%)")
     counts: dict[str, list[int]] = {}
-    for c in _cases(source):
+    for c in load_cases(source):
         counts.setdefault(c["category"], [0, 0])[1] += 1
     for c in disagreed:
         counts[c["category"]][0] -= 1
