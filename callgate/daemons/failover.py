@@ -69,12 +69,12 @@ def reconcile(engine: Engine, queue: Queue, *, job_timeout: float) -> Reconciled
         for t in results.recent(queue.connection, queue.name)
     ]
     lost = histories.record_lost(engine, begun.epoch, remembered)
-    adopted = histories.adopt(engine, found)
+    adopted = histories.adopt(engine, begun.epoch, found)
     # They are marked dispatched: if Redis refuses, a later sweep dispatches them.
     transport.dispatch_after_commit(
         queue, adopted.successors, timeout=job_timeout, who="reconciliation"
     )
-    histories.finish(engine, begun.epoch, adopted.ended)
+    histories.finish(engine, begun.epoch)
     log.warning(
         "PostgreSQL history %d reconciled: %d call(s) ended with the result already published; "
         "%d turn(s) submitted were lost (collect answers turn_lost)",

@@ -119,6 +119,11 @@ WITH adopted AS (
        AND f.kind = 'write'
        AND o.state IN ('pending', 'in_progress')
     RETURNING o.operation_id
+), counted AS (
+    -- Counted with the adoption itself: a reconciler that dies after this statement has
+    -- adopted them, and the one that resumes finds nothing left to adopt.
+    UPDATE callgate.histories SET adopted = adopted + (SELECT count(*) FROM finished)
+     WHERE epoch = :epoch
 )"""
     + finishing_tail(NEXT_WRITE + WAITING_ON_OPERATION)
 )
@@ -150,12 +155,9 @@ WITH remembered AS (
 SELECT (SELECT count(*) FROM lost) AS lost, (SELECT count(*) FROM doubted) AS doubted
 """
 
-# Two sweepers may reconcile one history at once; each call is adopted by one of them (the
-# adoption's guard), so every reconciler adds its own count, whoever marked it first.
 FINISH_SQL = """
-UPDATE callgate.histories
-   SET reconciled_at = coalesce(reconciled_at, now()), adopted = adopted + :adopted
- WHERE epoch = :epoch
+UPDATE callgate.histories SET reconciled_at = now()
+ WHERE epoch = :epoch AND reconciled_at IS NULL
 """
 
 _EPOCH = db.Statement(EPOCH_SQL)
@@ -241,14 +243,16 @@ class Adopted:
     successors: list[uuid.UUID]
 
 
-def adopt(engine: Engine, results: Mapping[uuid.UUID, str]) -> Adopted:
+def adopt(engine: Engine, epoch: int, results: Mapping[uuid.UUID, str]) -> Adopted:
     """End each open call in ``results`` (call ref → the result JSON Redis holds) with that
-    result; the calls their endings unblocked are to be dispatched."""
+    result, counted on the history ``epoch``; the calls their endings unblocked are to be
+    dispatched."""
     if not results:
         return Adopted(0, [])
     rows = [{"id": str(ref), "result": json.loads(result)} for ref, result in results.items()]
     params = {
         "adopted": json.dumps(rows),
+        "epoch": epoch,
         "event": "adopted",
         "generation": None,
         "detail": json.dumps({"from": "a lost PostgreSQL history, as published"}),
@@ -284,12 +288,11 @@ def record_lost(engine: Engine, epoch: int, remembered: list[Remembered]) -> int
     return int(row.lost)
 
 
-def finish(engine: Engine, epoch: int, adopted: int) -> None:
-    """Mark the history reconciled (if no other reconciler did) and count the results this
-    one adopted."""
+def finish(engine: Engine, epoch: int) -> None:
+    """Mark the history reconciled (unless another reconciler already did)."""
     with db.translate_errors("reconcile PostgreSQL's history"), engine.begin() as conn:
         conn.execute(text("SET LOCAL callgate.reconciling = 'on'"))
-        conn.execute(text(FINISH_SQL), {"epoch": epoch, "adopted": adopted})
+        conn.execute(text(FINISH_SQL), {"epoch": epoch})
 
 
 # The standbys the server streams to, as far as this role may see (a role without pg_monitor

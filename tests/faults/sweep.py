@@ -34,6 +34,7 @@ from psycopg.rows import dict_row
 
 from callgate.core.errors import CallgateError
 from callgate.core.settings import Settings
+from callgate.ops.lab.chaos.runner import one_result_per_call
 from callgate.ops.stack import Stack, wait_for_workers
 from callgate.producer import Producer
 from callgate.queue import deliveries, results, transport
@@ -162,6 +163,8 @@ def _take(kind: FaultKind, seconds: float, ids: Ids) -> Fault:
 
 # The operator commands' connections (ops/cli/common.py OPS_APPLICATION).
 OPS = "callgate-ops"
+# Whoever reconciles a new PostgreSQL history: the sweeper, or a worker's sweeping thread.
+RECONCILERS = "callgate-(worker-)?sweeper"
 APPROVER = "approver-f"
 RECONCILER = "reconciler-f"
 # A whole Redis that answers nothing for longer than the lease and the liveness TTL.
@@ -312,6 +315,32 @@ ROUND_TRIPS: dict[str, RoundTripSpec] = {
             action="prune",
             unkeyed_args=(("needs_approval", True),),
         ),
+        *(
+            RoundTripSpec(name, server, build, action="failover")
+            for name, server, build in (
+                (
+                    "failover: record history",
+                    "postgres",
+                    _pg(r"INSERT INTO callgate\.histories", RECONCILERS),
+                ),
+                (
+                    "failover: doubt writes",
+                    "postgres",
+                    _pg(r"WITH doubted AS \(\s*UPDATE", RECONCILERS),
+                ),
+                (
+                    "failover: raise fence",
+                    "redis",
+                    _redis("EVALSHA", lambda ids: f"^{_sha(results.RAISE_FENCE_LUA)}"),
+                ),
+                ("failover: adopt results", "postgres", _pg(r"WITH adopted AS", RECONCILERS)),
+                (
+                    "failover: finish",
+                    "postgres",
+                    _pg(r"UPDATE callgate\.histories\s+SET reconciled_at", RECONCILERS),
+                ),
+            )
+        ),
         RoundTripSpec(
             "take (whole Redis stalled)",
             "redis",
@@ -332,6 +361,7 @@ FAST = (
     ("relay mark", CUT),
     ("approve", LOSE_REPLY),
     ("reconcile resolve", LOSE_REPLY),
+    ("failover: adopt results", LOSE_REPLY),
 )
 
 
@@ -1002,7 +1032,92 @@ def _redis_stall(op: Op) -> None:
         op.result.broken.append("this cell only stalls")
 
 
+def _failover(op: Op) -> None:
+    """The server becomes a promoted replica that had the turn but none of what followed:
+    once every result is published, the turn's calls and operations are put back as they
+    were before any worker took them, their outbox rows removed, and the recorded identity
+    of the server's history changed (what callgate compares to notice a new history). The
+    reconciliation, with the fault on one of its round trips, must end each call with exactly
+    the result Redis already holds, run nothing again and leave the history reconciled."""
+    if not op.cell._wait_ended(op.ids):
+        op.result.broken.append("setup: the turn did not end before the failover")
+        return
+    turn = "(SELECT turn_id FROM callgate.turns WHERE request_id = %s)"
+    deadline = time.monotonic() + END_WITHIN_SECONDS
+    while (
+        op.count(
+            "SELECT count(*) FROM callgate.outbox"
+            f" WHERE turn_id IN {turn} AND published_at IS NULL",
+            op.ids.request_id,
+        )
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    before = {c["call_id"]: (c["state"], c["code"]) for c in op.cell._calls(op.ids)}
+    with psycopg.connect(libpq_url(op.cell.database_url)) as conn:
+        conn.execute("SET LOCAL callgate.reconciling = 'on'")
+        conn.execute(
+            "UPDATE callgate.operations SET state = 'pending', result = NULL,"
+            " owner_token = NULL, lease_expires_at = NULL, completed_at = NULL"
+            " WHERE operation_id IN (SELECT operation_id FROM callgate.calls"
+            f"  WHERE turn_id IN {turn} AND kind = 'write')",
+            (op.ids.request_id,),
+        )
+        conn.execute(f"DELETE FROM callgate.outbox WHERE turn_id IN {turn}", (op.ids.request_id,))
+        conn.execute(
+            "UPDATE callgate.calls SET state = 'proposed', result = NULL, completed_at = NULL"
+            f" WHERE turn_id IN {turn}",
+            (op.ids.request_id,),
+        )
+        op.arm()
+        conn.execute("UPDATE callgate.histories SET system_identifier = system_identifier + 1")
+    if not op.fault.wait(END_WITHIN_SECONDS / 2):
+        return
+    op.cell._wait_ended(op.ids)
+    deadline = time.monotonic() + END_WITHIN_SECONDS
+    while (
+        not op.count(
+            "SELECT count(*) FROM callgate.histories WHERE epoch = 1 AND reconciled_at IS NOT NULL"
+        )
+        and time.monotonic() < deadline
+    ):
+        time.sleep(0.1)
+    after = {c["call_id"]: (c["state"], c["code"]) for c in op.cell._calls(op.ids)}
+    history = op.one(
+        "SELECT doubted, adopted, reconciled_at FROM callgate.histories WHERE epoch = 1"
+    )
+    runs = op.count(
+        "SELECT count(*) FROM faults.runs WHERE operation_id IN (SELECT operation_id"
+        f" FROM callgate.calls WHERE turn_id IN {turn})",
+        op.ids.request_id,
+    )
+    streams = transport.connect(op.cell.redis_url)
+    try:
+        turns = [str(t["turn_id"]) for t in op.cell._turns(op.ids)]
+        two = one_result_per_call(streams, op.env["CALLGATE_QUEUE"], turns)
+    finally:
+        streams.close()
+    op.result.evidence["failover"] = {
+        "before": before,
+        "after": after,
+        "history": history,
+        "runs": runs,
+    }
+    if after != before:
+        op.result.broken.append(f"the calls ended {after} after the failover, {before} before")
+    if history is None or history["reconciled_at"] is None:
+        op.result.broken.append(f"the new history was never reconciled: {history}")
+    elif history["adopted"] != len(before):
+        op.result.broken.append(
+            f"{history['adopted']} result(s) adopted, {len(before)} published on the lost one"
+        )
+    if runs != len(before):
+        op.result.broken.append(f"{runs} handler runs for {len(before)} calls: one ran again")
+    op.result.broken.extend(two)
+
+
 ACTIONS: dict[str, Callable[[Op], None]] = {
+    "failover": _failover,
     "approve": _approve,
     "deny": _deny,
     "reconcile": _reconcile,
