@@ -6,12 +6,14 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import redis
 from opentelemetry.trace import Span
+from redis.client import Pipeline
 from rq import Queue
 
 import callgate.producer.adapters as adapters
@@ -301,17 +303,23 @@ class Producer:
                 (p.proposal.tool_name for p in recorded.planned), self.registry.tools
             )
         turn = recorded.as_turn()
+        remember: Callable[[Pipeline], int] | None = None
+        if not recorded.repeat:
+            writes = tuple(
+                (p.operation_id, p.proposal.tool_name, p.idempotency_key)
+                for p in recorded.planned
+                if p.kind == "write" and p.refusal is None
+            )
+            submitted = results.Submitted(recorded.turn_id, tenant_id, time.time(), writes)
+            remember = partial(results.remember, queue=self.settings.queue, turn=submitted)
         try:
-            if not recorded.repeat:
-                writes = tuple(
-                    (p.operation_id, p.proposal.tool_name, p.idempotency_key)
-                    for p in recorded.planned
-                    if p.kind == "write" and p.refusal is None
-                )
-                submitted = results.Submitted(recorded.turn_id, tenant_id, time.time(), writes)
-                results.remember(self.redis, self.settings.queue, submitted)
+            # One round trip notes the turn and asks which jobs already wait; the next
+            # enqueues them.
             transport.enqueue_calls(
-                self.queue, recorded.dispatch, timeout=self.settings.job_timeout_seconds
+                self.queue,
+                recorded.dispatch,
+                timeout=self.settings.job_timeout_seconds,
+                first=remember,
             )
         except ServiceUnavailable as exc:
             # The turn is recorded; the sweeper dispatches it once Redis is back.

@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 import redis
+from redis.client import Pipeline
 
 from callgate.queue import transport
 
@@ -157,17 +158,17 @@ class Submitted:
     writes: tuple[tuple[str, str, str], ...]
 
 
-def remember(connection: redis.Redis, queue: str, turn: Submitted) -> None:
-    """Note a submitted turn (one round trip), forgetting those past the window."""
+def remember(pipe: Pipeline, queue: str, turn: Submitted) -> int:
+    """Add to ``pipe`` the commands that note a submitted turn and forget those past the
+    window; how many (the producer sends them in its enqueue's first round trip)."""
     member = json.dumps(
         {"turn": str(turn.turn_id), "tenant": turn.tenant_id, "writes": turn.writes},
         separators=(",", ":"),
     )
     key = recent_turns_key(queue)
-    with transport.translate_errors("remember the turn"), connection.pipeline(False) as pipe:
-        pipe.zadd(key, {member: turn.at})
-        pipe.zremrangebyscore(key, "-inf", f"({turn.at - RECENT_TURNS_SECONDS}")
-        pipe.execute()
+    pipe.zadd(key, {member: turn.at})
+    pipe.zremrangebyscore(key, "-inf", f"({turn.at - RECENT_TURNS_SECONDS}")
+    return 2
 
 
 def recent(connection: redis.Redis, queue: str) -> list[Submitted]:

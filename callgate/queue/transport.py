@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 
 import redis
 import redis.asyncio
 import redis.sentinel
+from redis.client import Pipeline
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from rq import Queue
@@ -101,20 +102,32 @@ def job_id(ref: uuid.UUID | str) -> str:
     return str(ref)
 
 
-def enqueue_calls(queue: Queue, call_refs: Iterable[uuid.UUID], *, timeout: float) -> int:
+def enqueue_calls(
+    queue: Queue,
+    call_refs: Iterable[uuid.UUID],
+    *,
+    timeout: float,
+    first: Callable[[Pipeline], int] | None = None,
+) -> int:
     """Enqueue one job per call in two Redis round trips. Jobs carry only the call's ref.
 
     A call's job gets the call's own id (``job_id``) unless a job of that id already
     waits (a duplicate sent on purpose, or a second enqueue racing the first), or the call
     repeats in ``call_refs``: those get a random id, so each copy is still delivered rather
-    than overwriting the waiting one. Finding out costs one pipelined EXISTS round trip."""
+    than overwriting the waiting one. Finding out costs one pipelined EXISTS round trip.
+
+    ``first`` adds commands to that round trip, sent before anything is enqueued; it returns
+    how many it added (their replies are not this function's)."""
     refs = list(call_refs)
-    if not refs:
+    if not refs and first is None:
         return 0
     with translate_errors("enqueue"), queue.connection.pipeline(transaction=False) as pipe:
+        added = first(pipe) if first is not None else 0
         for ref in refs:
             pipe.exists(rq_format.job_key(job_id(ref)))
-        waiting = pipe.execute()
+        waiting = pipe.execute()[added:]
+    if not refs:
+        return 0
     seen = {job_id(ref) for ref, exists in zip(refs, waiting, strict=True) if exists}
     datas = []
     for ref in refs:

@@ -191,6 +191,14 @@ ROUND_TRIPS: dict[str, RoundTripSpec] = {
             pass_operation_ids=False,
         ),
         RoundTripSpec(
+            # The first of the enqueue's two round trips: the turn noted for lost-turn
+            # detection after a failover, and which jobs already wait.
+            "submit note turn",
+            "redis",
+            _redis("ZADD", lambda ids: r"^callgate:[^ ]*:recent_turns"),
+            pass_operation_ids=False,
+        ),
+        RoundTripSpec(
             "submit enqueue",
             "redis",
             _redis("RPUSH", lambda ids: r"^rq:queue:"),
