@@ -42,6 +42,32 @@ def test_prompted_steps_keep_each_call_as_written() -> None:
     assert decode.decode_step("cd(folder='..')") == ["cd(folder='..')"]
 
 
+@pytest.mark.parametrize(
+    "step",
+    [
+        "[ls(a=__import__('os').system('touch /tmp/pwned'))]",
+        "[cd(folder='a' + 'b')]",
+        "[cd(**{'folder': 'a'})]",
+        "[cd(folder=open('/etc/passwd').read())]",
+        [{"__import__('os').system('x') or ls": "{}"}],
+        [{"cd": {"folder); import os; os.system('x'); (": 1}}],
+    ],
+)
+def test_a_step_that_is_not_literal_calls_never_reaches_bfcls_eval(step: object) -> None:
+    """BFCL's checker runs the call strings with eval(): only identifiers and literals may
+    get there."""
+    with pytest.raises(decode.NotCalls):
+        decode.decode_step(step)
+
+
+def test_prompted_literal_calls_are_written_back_from_their_literals() -> None:
+    text = "[mv(source = 'a.txt',destination='b'), f( [1, (2, 3)] , x={'k': None})]"
+    assert decode.decode_step(text) == [
+        "mv(source='a.txt', destination='b')",
+        "f([1, (2, 3)], x={'k': None})",
+    ]
+
+
 def test_prose_and_empty_steps_are_skipped_as_bfcl_skips_them() -> None:
     result = [["[cd(folder='a')]", "Done, the folder is open."], [[], "I cannot do that."]]
     assert decode.decode_result(result) == [[["cd(folder='a')"]], []]

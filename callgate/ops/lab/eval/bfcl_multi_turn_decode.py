@@ -7,6 +7,12 @@ holding a Python list of calls (prompting models). Steps that decode to no call 
 prose at the end of a turn) are skipped, as BFCL's evaluation skips them. The decoded form is
 BFCL's: each call a Python call string, the input of its ``multi_turn_checker``.
 
+BFCL's checker runs those strings with ``eval``. A model's text is never run: a call reaches
+it only as a function named by an identifier with literal arguments (``ast.literal_eval``
+accepts each), written back from the parsed literals; anything else (an expression, an
+attribute, ``**``) makes the step no call, with the reason. BFCL itself would evaluate
+arithmetic in an argument (``x=2+3``); here such a step is skipped instead.
+
 ``parse_call`` turns one call string back into a name and literal arguments, which is what
 callgate is proposed; positional arguments are bound to names by the method's signature.
 """
@@ -16,6 +22,7 @@ from __future__ import annotations
 import ast
 import inspect
 import json
+import keyword
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +75,11 @@ def decode_step(step: Any) -> list[str]:
                 raise NotCalls(f"{name}: arguments are not JSON") from None
             if not isinstance(arguments, dict):
                 raise NotCalls(f"{name}: arguments are not an object")
+            if not _identifier(name) or not all(
+                isinstance(k, str) and _identifier(k) for k in arguments
+            ):
+                raise NotCalls(f"{name!r}: a function or argument name is not an identifier")
+            # JSON values written with repr() are Python literals, nothing else.
             out.append(f"{name}({','.join(f'{k}={v!r}' for k, v in arguments.items())})")
     return out
 
@@ -90,7 +102,26 @@ def _prompted(text: str) -> list[str]:
         isinstance(e, ast.Call) and isinstance(e.func, ast.Name) for e in tree.elts
     ):
         raise NotCalls("not a Python list of calls")
-    return [ast.unparse(e) for e in tree.elts]
+    return [_literal_call(e) for e in tree.elts if isinstance(e, ast.Call)]
+
+
+def _literal_call(call: ast.Call) -> str:
+    """``call`` written back from its literal arguments; ``NotCalls`` when one is not a
+    literal (it would be run by BFCL's ``eval``)."""
+    assert isinstance(call.func, ast.Name)
+    try:
+        positional = [ast.literal_eval(a) for a in call.args]
+        named = [(k.arg, ast.literal_eval(k.value)) for k in call.keywords]
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        raise NotCalls(f"{call.func.id}: an argument is not a literal (never run)") from None
+    if any(name is None for name, _ in named):
+        raise NotCalls(f"{call.func.id}: **arguments are not taken")
+    written = [repr(v) for v in positional] + [f"{k}={v!r}" for k, v in named]
+    return f"{call.func.id}({', '.join(written)})"
+
+
+def _identifier(name: str) -> bool:
+    return name.isidentifier() and not keyword.iskeyword(name)
 
 
 def parse_call(text: str, signature: Callable[[str], inspect.Signature | None]) -> Call:
