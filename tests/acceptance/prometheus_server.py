@@ -9,10 +9,8 @@ scrapes real callgate processes every second, evaluates the repository's own rul
 from __future__ import annotations
 
 import json
-import random
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -27,38 +25,12 @@ from typing import Any
 import pytest
 import yaml
 
+# Re-exported: the other tests' servers take their ports from here.
+from callgate.ops.lab.ports import free_port_block as free_port_block
+
 REPO = Path(__file__).resolve().parents[2]
 RULES = sorted((REPO / "ops" / "prometheus" / "rules").glob("*.yml"))
 SCRAPE_SECONDS = 1
-
-
-def free_port_block(size: int) -> int:
-    """The first of ``size`` consecutive ports that are free now, below the kernel's
-    ephemeral range: a process binds its port seconds after this check, and meanwhile any
-    outgoing connection on the machine (a database client, another test) could be given a
-    port from the ephemeral range, and the bind would fail."""
-    top = _ephemeral_low() - size - 1
-    for _ in range(500):
-        base = random.randint(10000, top)
-        if all(_free(base + i) for i in range(size)):
-            return base
-    raise AssertionError(f"no block of {size} free ports")
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
 
 
 def prometheus_binary() -> str:

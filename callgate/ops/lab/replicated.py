@@ -28,10 +28,8 @@ import contextlib
 import importlib.util
 import os
 import pwd
-import random
 import re
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -43,6 +41,7 @@ from typing import Any, Literal, LiteralString
 import psycopg
 
 from callgate.core.errors import CallgateError, ErrorCode
+from callgate.ops.lab.ports import free_port_block
 
 # The database superuser initdb creates, and the system user the servers run as under root
 # (Debian's postgresql package makes it).
@@ -394,28 +393,5 @@ def _failed(message: str) -> CallgateError:
 
 
 def _two_ports() -> tuple[int, int]:
-    """Two consecutive ports free now, below the kernel's ephemeral range: the servers bind
-    them seconds later, and meanwhile any outgoing connection could be given a port from
-    that range."""
-    top = _ephemeral_low() - 3
-    for _ in range(500):
-        base = random.randint(10000, top)
-        if _free(base) and _free(base + 1):
-            return base, base + 1
-    raise _failed("no two consecutive free ports for a replicated PostgreSQL")
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
-
-
-def _free(port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
+    base = free_port_block(2)
+    return base, base + 1
