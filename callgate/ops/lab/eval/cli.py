@@ -41,6 +41,16 @@ def eval_group() -> None:
     """Score a model's tool calls and callgate's execution of them, apart (docs/eval.md)."""
 
 
+# How long `run` and `bfcl-multi-turn` wait for their workers to start.
+start_timeout_option = setting_option(
+    "--start-timeout",
+    "start_seconds",
+    variable="CALLGATE_EVAL_START_SECONDS",
+    type=click.FloatRange(min=0.01),
+    help="Seconds to wait for the workers to start.",
+)
+
+
 @eval_group.command("run")
 @click.argument("suite", default="builtin")
 @click.option(
@@ -90,13 +100,7 @@ def eval_group() -> None:
     help="Keep the scratch data so the report's trace ids work with `callgate trace`: the "
     "scratch database's URL is printed, or the embedded services' data stays in OUT/data.",
 )
-@setting_option(
-    "--start-timeout",
-    "start_seconds",
-    variable="CALLGATE_EVAL_START_SECONDS",
-    type=click.FloatRange(min=0.01),
-    help="Seconds to wait for the workers to start.",
-)
+@start_timeout_option
 @inputs.max_file_bytes_option
 def run_cmd(
     suite: str,
@@ -328,13 +332,7 @@ def import_bfcl_cmd(
     default=None,
     help="An unzipped bfcl-eval wheel (default: the installed bfcl_eval package).",
 )
-@setting_option(
-    "--start-timeout",
-    "start_seconds",
-    variable="CALLGATE_EVAL_START_SECONDS",
-    type=click.FloatRange(min=0.01),
-    help="Seconds to wait for the workers to start.",
-)
+@start_timeout_option
 @inputs.max_file_bytes_option
 def bfcl_multi_turn_cmd(
     questions: Path,
