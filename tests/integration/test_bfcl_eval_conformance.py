@@ -13,42 +13,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import zipfile
 from pathlib import Path
 
 import pytest
 
+from tests.integration import bfcl_wheel
 from tests.unit.test_eval_bfcl_conformance import agreement, load_cases
 
 pytestmark = pytest.mark.slow
 
-BFCL_EVAL = "bfcl-eval==2026.3.23"
 GENERATE = Path(__file__).parents[1] / "fixtures" / "bfcl" / "conformance" / "generate.py"
 
 
 @pytest.mark.timeout(900)
 def test_every_verdict_equals_bfcl_evals_on_a_held_out_set(tmp_path: Path) -> None:
-    fetched = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            BFCL_EVAL,
-            "--no-deps",
-            "-q",
-            "-d",
-            str(tmp_path),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert fetched.returncode == 0, f"could not fetch {BFCL_EVAL}: {fetched.stderr[-1000:]}"
-    (wheel,) = tmp_path.glob("bfcl_eval-*.whl")
-    unpacked = tmp_path / "wheel"
-    with zipfile.ZipFile(wheel) as archive:
-        archive.extractall(unpacked)
+    unpacked = bfcl_wheel.fetch(tmp_path)
 
     verdicts = tmp_path / "verdicts-12.json"
     made = subprocess.run(

@@ -14,19 +14,17 @@ from __future__ import annotations
 
 import ast
 import json
-import subprocess
-import sys
-import zipfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
+from callgate.ops.lab.eval import bfcl_multi_turn_backend as backend
 from callgate.ops.lab.eval import bfcl_multi_turn_tools as tools
 from callgate.ops.lab.eval.cli import eval_group
+from tests.integration import bfcl_wheel
 
-BFCL_EVAL = "bfcl-eval==2026.3.23"
 FILES = Path(__file__).parents[1] / "fixtures" / "bfcl" / "multi_turn"
 QUESTIONS = FILES / "BFCL_v4_multi_turn_base.json"
 DOCS = "bfcl_eval/data/multi_turn_func_doc"
@@ -37,19 +35,7 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    folder = tmp_path_factory.mktemp("bfcl")
-    fetched = subprocess.run(
-        [sys.executable, "-m", "pip", "download", BFCL_EVAL, "--no-deps", "-q", "-d", str(folder)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert fetched.returncode == 0, f"could not fetch {BFCL_EVAL}: {fetched.stderr[-1000:]}"
-    (found,) = folder.glob("bfcl_eval-*.whl")
-    unpacked = folder / "wheel"
-    with zipfile.ZipFile(found) as archive:
-        archive.extractall(unpacked)
-    return unpacked
+    return bfcl_wheel.fetch(tmp_path_factory.mktemp("bfcl"))
 
 
 def _run(tmp_path: Path, wheel: Path, results: str, env: dict[str, str]) -> dict[str, Any]:
@@ -73,20 +59,22 @@ def _run(tmp_path: Path, wheel: Path, results: str, env: dict[str, str]) -> dict
     return report
 
 
+def _called(call: str) -> str:
+    node = ast.parse(call, mode="eval").body
+    assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name), call
+    return node.func.id
+
+
 def _ground_truth_writes(wheel: Path) -> dict[str, int]:
     """Entry → the calls of its ground truth that are writes, from BFCL's function docs."""
     class_of = {}
-    for class_name, (_, doc_file) in tools.backend.CLASSES.items():
+    for class_name, (_, doc_file) in backend.CLASSES.items():
         for line in (wheel / DOCS / doc_file).read_text().splitlines():
             class_of[json.loads(line)["name"]] = class_name
     counted = {}
     for line in (FILES / "possible_answer" / QUESTIONS.name).read_text().splitlines():
         doc = json.loads(line)
-        names = [
-            ast.parse(call, mode="eval").body.func.id  # type: ignore[attr-defined]
-            for turn in doc["ground_truth"]
-            for call in turn
-        ]
+        names = [_called(call) for turn in doc["ground_truth"] for call in turn]
         counted[doc["id"]] = sum(tools.kind_of(class_of[n], n) == "write" for n in names)
     return counted
 
