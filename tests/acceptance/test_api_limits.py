@@ -34,7 +34,7 @@ from sqlalchemy import Engine
 
 from callgate.store import api_keys
 from tests.acceptance.api_server import ApiServer, api, engine, env, make_key, running
-from tests.acceptance.conftest import REFUND_O17, callgate
+from tests.acceptance.conftest import REFUND_O17, callgate, wait_until
 
 __all__ = ["api", "engine", "env", "running"]  # fixtures, for pytest
 
@@ -298,6 +298,10 @@ def test_signing_out_ends_the_console_session(running: ApiServer, env: dict[str,
         assert new.get("/console/session").status_code == 401
 
 
+def _trace_of(http: httpx.Client, ref: str) -> Callable[[], Any]:
+    return lambda: http.get(f"/v1/calls/{ref}/trace").json()
+
+
 def test_traces_are_scoped_like_results(running: ApiServer, env: dict[str, str]) -> None:
     server = running
     owner = make_key(env, "tenant-a", "user-17", "support")["key"]
@@ -316,7 +320,8 @@ def test_traces_are_scoped_like_results(running: ApiServer, env: dict[str, str])
         for ref in refs:
             resp = http.get(f"/v1/calls/{ref}/trace")
             assert resp.status_code == 200, resp.text
-            assert resp.json(), ref
+            # The worker writes the call's trace as it runs it: it may not have yet.
+            wait_until(_trace_of(http, ref), what=f"the trace of {ref}")
     for key, who in ((colleague, "another user of the tenant"), (outsider, "another tenant")):
         with server.client(key) as http:
             assert http.get(f"/v1/turns/{turn_id}/results").status_code == 404
