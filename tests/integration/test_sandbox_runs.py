@@ -83,8 +83,9 @@ def test_the_per_worker_cap_runs_sandboxes_one_at_a_time() -> None:
     assert elapsed(2) < 1.2
 
 
-def _sandboxed_pids() -> list[int]:
-    """Processes running as a sandbox slot's uid (a root worker's sandboxes)."""
+def _sandboxed_pids(program: str | None = None) -> list[int]:
+    """Processes running as a sandbox slot's uid (a root worker's sandboxes), or only those
+    whose program name starts with ``program``."""
     found = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
@@ -94,9 +95,12 @@ def _sandboxed_pids() -> list[int]:
                     for line in (entry / "status").read_text().splitlines()
                     if line.startswith("Uid:")
                 )
+                comm = (entry / "comm").read_text().strip()
             except (OSError, StopIteration):
                 continue
-            if int(uid_line.split()[1]) >= SANDBOX_UID_BASE:
+            if int(uid_line.split()[1]) >= SANDBOX_UID_BASE and (
+                program is None or comm.startswith(program)
+            ):
                 found.append(int(entry.name))
     return found
 
@@ -112,17 +116,21 @@ def test_a_worker_killed_mid_run_leaves_no_sandbox_behind() -> None:
         "tool.handler(RunPython(code='import time; time.sleep(60)'), "
         "ExecutionContext('t', 'u', 'op', 'k', 1, 'r'))\n"
     )
+    before = set(_sandboxed_pids())  # another test's sandbox still ending is not this one's
     worker = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert worker.stdout is not None and worker.stdout.readline() == "ready\n"
+        # Mid-run: the snippet's interpreter runs inside the sandbox (prlimit and bwrap have
+        # started it), not the sandbox still being set up.
         deadline = time.monotonic() + 10
-        while not _sandboxed_pids() and time.monotonic() < deadline:
+        while not set(_sandboxed_pids("python")) - before and time.monotonic() < deadline:
             time.sleep(0.02)
-        assert _sandboxed_pids(), "the sandbox never started"
+        mine = set(_sandboxed_pids()) - before
+        assert set(_sandboxed_pids("python")) - before, "the sandbox never started"
     finally:
         worker.kill()
         worker.wait()
-    deadline = time.monotonic() + 5
-    while _sandboxed_pids() and time.monotonic() < deadline:
+    deadline = time.monotonic() + 10
+    while mine & set(_sandboxed_pids()) and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert _sandboxed_pids() == []
+    assert mine & set(_sandboxed_pids()) == set()
