@@ -24,7 +24,7 @@ from callgate.ops.lab.eval import bfcl, bfcl_decode
 from callgate.ops.lab.eval.bfcl_decode import Style
 from callgate.ops.lab.eval.fixture import ExpectedCall, Fixture
 from callgate.ops.lab.eval.matchers import BfclSpec, bfcl_matches
-from callgate.ops.lab.eval.scoring import Proposed, TurnRun, match_calls, model_checks
+from callgate.ops.lab.eval.scoring import Check, Proposed, TurnRun, match_calls, model_checks
 from callgate.ops.lab.eval.surfaces import mentioned_names
 from callgate.producer import adapters
 from callgate.producer.adapters.base import AdapterError
@@ -54,6 +54,22 @@ def callgate_verdict(
         "model",
         style,
     )
+    checks = imported_checks(imported)
+    fixture = Fixture.model_validate(imported.fixtures[0])
+    if fixture.category == "irrelevance":
+        wanted = {"irrelevance_accuracy"}
+    elif category in bfcl.RELEVANCE:
+        wanted = {"relevance_accuracy"}
+    else:
+        wanted = {"selection_accuracy", "argument_accuracy", "parallel_completeness"}
+    verdicts = [c.passed for c in checks if c.metric in wanted]
+    assert verdicts, f"no {wanted} check for {ident}"
+    return all(verdicts)
+
+
+def imported_checks(imported: bfcl.Imported) -> list[Check]:
+    """The model's checks of an imported one-question suite, as ``eval run`` scores its
+    recorded answer."""
     fixture = Fixture.model_validate(imported.fixtures[0])
     schemas = {t["name"]: t["parameters"] for t in imported.tools}
     turn = fixture.turns[0]
@@ -77,16 +93,7 @@ def callgate_verdict(
     else:
         proposed = [Proposed(p.call_id, p.tool_name, p.arguments) for p in proposals]
         run = replace(run, proposed=proposed)
-    checks = model_checks(run)
-    if fixture.category == "irrelevance":
-        wanted = {"irrelevance_accuracy"}
-    elif category in bfcl.RELEVANCE:
-        wanted = {"relevance_accuracy"}
-    else:
-        wanted = {"selection_accuracy", "argument_accuracy", "parallel_completeness"}
-    verdicts = [c.passed for c in checks if c.metric in wanted]
-    assert verdicts, f"no {wanted} check for {ident}"
-    return all(verdicts)
+    return model_checks(run)
 
 
 def load_cases(path: Path = VERDICTS) -> list[dict[str, Any]]:

@@ -21,9 +21,8 @@ from callgate.ops.lab.eval.bfcl_decode import Unconvertible, convert
 from callgate.ops.lab.eval.cli import eval_group
 from callgate.ops.lab.eval.fixture import ExpectedCall, Fixture, load_suite
 from callgate.ops.lab.eval.matchers import Bfcl, BfclSpec, bfcl_matches
-from callgate.ops.lab.eval.scoring import ANY_CALL, Proposed, TurnRun, match_calls, model_checks
-from callgate.ops.lab.eval.surfaces import mentioned_names
-from callgate.producer import adapters
+from callgate.ops.lab.eval.scoring import ANY_CALL, Proposed, match_calls
+from tests.unit.test_eval_bfcl_conformance import imported_checks
 
 JAVA_QUESTION: dict[str, Any] = {
     "id": "simple_java_1",
@@ -245,27 +244,7 @@ RELEVANCE_QUESTION: dict[str, Any] = {
 
 def _relevance_checks(result: Any, style: bfcl_decode.Style) -> dict[str, bool]:
     imported = _build("live_relevance", RELEVANCE_QUESTION, [], result, style)
-    fixture = Fixture.model_validate(imported.fixtures[0])
-    turn = fixture.turns[0]
-    response = turn.answers["model"]["openai-chat"]
-    schemas = {t["name"]: t["parameters"] for t in imported.tools}
-    known = set(schemas) | mentioned_names("openai-chat", response)
-    proposed = [
-        Proposed(p.call_id, p.tool_name, p.arguments)
-        for p in adapters.read_proposals("openai-chat", response, known)
-    ]
-    run = TurnRun(
-        fixture_id=fixture.id,
-        category=fixture.category,
-        turn_index=0,
-        answer="model",
-        surface="openai-chat",
-        expect=turn,
-        exposed=frozenset(fixture.tools),
-        schemas=schemas,
-        proposed=proposed,
-    )
-    return {c.metric: c.passed for c in model_checks(run)}
+    return {c.metric: c.passed for c in imported_checks(imported)}
 
 
 def test_relevance_passes_on_any_call_and_only_on_a_call() -> None:
