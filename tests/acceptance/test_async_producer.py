@@ -225,7 +225,8 @@ def test_a_relay_still_following_a_parked_call_when_the_producer_closes_leaves_n
             outcome = await relay.outcome("c-del")
         follower = relay._watches[next(iter(relay._watches))]._task
         assert follower is not None
-        await asyncio.wait({follower}, timeout=5)
+        # Well within the relay's 30 s timeout, with room for a loaded machine.
+        await asyncio.wait({follower}, timeout=15)
         assert follower.done()  # the follower ended with the producer
         del relay, follower
         gc.collect()
