@@ -1,6 +1,7 @@
 """Bare RQ's side: the same number of jobs, ``enqueue_many``, then W ``rq worker --burst``
 (SimpleWorker, JSON) processes, measured from RQ's own job timestamps; and RQ running the
-minimum durable work (``callgate.ops.lab.bench.durable``), measured from its rows."""
+minimum durable work (``callgate.ops.lab.bench.durable``), alone or around the same refund
+as the write scenario's, measured from its rows."""
 
 from __future__ import annotations
 
@@ -54,9 +55,22 @@ def durable_burst(services: Services, calls: int, *, workers: int) -> durable.Ru
         jobs = [("callgate.ops.lab.bench.jobs.minimum_durable", (c,)) for c in call_ids]
         worker = "callgate.ops.lab.bench.rq_worker.DurableWorker"
         _drain(services, jobs, workers, worker, lambda ids: None)
-        found = durable.read(services.engine, run)
-        found.check("RQ + minimum durable work")
-        return found
+        return durable.checked(services.engine, run, "RQ + minimum durable work")
+    finally:
+        durable.delete(services.engine, run)
+
+
+def durable_refunds(services: Services, calls: int, *, workers: int) -> durable.Run:
+    """``calls`` jobs of the minimum durable work around the same refunds as ``refunds``
+    (``durable.refund``); read from the rows and checked on both sides: one winner, one
+    result and one outbox row per call, and one refund per call at the provider."""
+    run, plan = durable.seed_refunds(services.engine, calls)
+    try:
+        jobs = [("callgate.ops.lab.bench.jobs.minimum_durable_refund", args) for args in plan]
+        worker = "callgate.ops.lab.bench.rq_worker.DurableRefundWorker"
+        _drain(services, jobs, workers, worker, lambda ids: None)
+        what = "RQ + minimum durable work + the same refund"
+        return durable.checked(services.engine, run, what, refunds=True)
     finally:
         durable.delete(services.engine, run)
 

@@ -60,10 +60,16 @@ class Timing(Middleware):
 
 class ConnectEachThread(Middleware):
     """For the minimum durable work: each worker thread connects to Postgres when it starts,
-    before its first message (start-up stays outside the window)."""
+    before its first message (start-up stays outside the window); with ``downstream``, to
+    the payments provider too."""
+
+    def __init__(self, *, downstream: bool = False) -> None:
+        self.downstream = downstream
 
     def after_worker_thread_boot(self, broker: dramatiq.Broker, thread: Any) -> None:
         durable.warm()
+        if self.downstream:
+            durable.warm_downstream()
 
 
 broker = RedisBroker(url=REDIS_URL, namespace=namespace(QUEUE))  # type: ignore[no-untyped-call]
@@ -86,3 +92,13 @@ def sleep_ms(ms: int) -> None:
 def minimum_durable(call_id: str) -> None:
     """The minimum durable work of one call (``callgate.ops.lab.bench.durable``)."""
     durable.work(call_id)
+
+
+# No retries: a refund the provider refused is a broken run, which the bench reports at once
+# (a message not acknowledged) instead of waiting out dramatiq's backoff; and retrying is
+# not part of the floor.
+@dramatiq.actor(queue_name=QUEUE, max_retries=0)
+def minimum_durable_refund(call_id: str, tenant_id: str, payment_id: str, amount: int) -> None:
+    """The minimum durable work around the write scenario's refund
+    (``callgate.ops.lab.bench.durable.refund``)."""
+    durable.refund(call_id, tenant_id, payment_id, amount)

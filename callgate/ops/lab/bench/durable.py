@@ -18,25 +18,42 @@ baselines ``RQ + minimum durable work`` and ``dramatiq + minimum durable work`` 
 this, and the first reservation → last completion of their rows (Postgres'
 ``clock_timestamp()``) is their window, the same window callgate's throughput is read from.
 
+The write ceiling (``refund``) is the same two commits with the write between them: after
+the reservation, the demo payments provider's refund (``Payments.refund``, the one
+callgate's ``refund_payment`` and bare RQ's refund job send), with the call's own idempotency
+key (``refund_key``) and the reservation's generation as its fence; its response is the
+result. Each call refunds the payment of the same orders as callgate's write scenario and
+bare RQ's refunds: one new order per turn of 20, amounts 1, 2, 3, … (``seed_refunds``). The
+baselines ``RQ + minimum durable work + the same refund`` and ``dramatiq + minimum durable
+work + the same refund`` (the writes' threaded ceiling) run it, and each run is checked on
+both sides: its own rows (``Run.check``) and the provider's (``Refunds.check``: one request,
+one refund row and one side effect per call, fenced with its generation, no rejection).
+
 The tables live in the bench's own schema ``bench_min`` on the bench's database, created by
 the bench; each run's rows carry its run id, are inserted before the workers start and
-deleted after the run. The worker side (``work``) speaks psycopg directly, one connection
-per thread, made when the thread starts (``warm``), so the window never holds a connect.
+deleted after the run (the provider's rows stay, as bare RQ's and callgate's refunds do).
+The worker side (``work``, ``refund``) speaks psycopg directly, one connection per thread,
+made when the thread starts (``warm``), so the window never holds a connect; the write
+ceiling's threads also hold one connection each to the provider (``warm_downstream``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import threading
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
+from typing import cast
 
 import psycopg
 from sqlalchemy import Engine, text
 
 from callgate.ops.lab.bench.procs import BenchError
+from callgate.ops.lab.bench.workload import TURN, new_order
+from callgate.ops.lab.demo.downstream import Payments
 from callgate.store import db
 
 SCHEMA = "bench_min"
@@ -92,6 +109,10 @@ VALUES (%(id)s, %(generation)s, CAST(%(body)s AS jsonb))
 """
 
 RESULT_BODY = '{"ok": true}'
+KEY_PREFIX = "bench-min-"
+# The write scenario's tenant and currency (workload.refunds, bare.refunds).
+TENANT = "tenant-a"
+CURRENCY = "KRW"
 
 # --- the worker's side --------------------------------------------------------------------
 
@@ -103,12 +124,21 @@ def warm() -> None:
     _connection()
 
 
+def warm_downstream() -> None:
+    """Connect this thread to the payments provider too (the write ceiling)."""
+    _payments().engine.connect().close()
+
+
 def close() -> None:
-    """Close this thread's connection, if it made one."""
+    """Close this thread's connections, if it made any."""
     conn: psycopg.Connection[tuple[object, ...]] | None = getattr(_local, "conn", None)
     if conn is not None:
         conn.close()
         _local.conn = None
+    payments: Payments | None = getattr(_local, "payments", None)
+    if payments is not None:
+        payments.engine.dispose()
+        _local.payments = None
 
 
 def _connection() -> psycopg.Connection[tuple[object, ...]]:
@@ -121,14 +151,66 @@ def _connection() -> psycopg.Connection[tuple[object, ...]]:
     return conn
 
 
+def _payments() -> Payments:
+    payments: Payments | None = getattr(_local, "payments", None)
+    if payments is None:
+        # An engine of one connection per thread: no thread ever waits on another for the
+        # provider, which a shared pool smaller than the threads would make it do.
+        engine = db.create(
+            os.environ["CALLGATE_DATABASE_URL"],
+            pool_size=1,
+            max_overflow=0,
+            application_name="bench-min-downstream",
+        )
+        payments = Payments(engine)
+        _local.payments = payments
+    return payments
+
+
 def work(call_id: str) -> bool:
     """Reserve, run nothing, complete. False when another delivery won or the fence held."""
     conn = _connection()
+    generation = _reserve(conn, call_id)
+    if generation is None:
+        return False
+    return _complete(conn, call_id, generation, RESULT_BODY)
+
+
+def refund_key(call_id: str) -> str:
+    """The refund's idempotency key: one per call, the same on every delivery of it."""
+    return f"{KEY_PREFIX}{call_id}"
+
+
+def refund(call_id: str, tenant_id: str, payment_id: str, amount: int) -> bool:
+    """Reserve, refund ``amount`` of the payment at the provider (the call's key, the
+    reservation's generation as the fence), complete with the provider's response. False
+    when another delivery won or the fence held; the provider's refusal raises."""
+    conn = _connection()
+    generation = _reserve(conn, call_id)
+    if generation is None:
+        return False
+    response = _payments().refund(
+        key=refund_key(call_id),
+        fence=generation,
+        tenant_id=tenant_id,
+        payment_id=payment_id,
+        amount=amount,
+        currency=CURRENCY,
+    )
+    return _complete(conn, call_id, generation, json.dumps(response))
+
+
+def _reserve(conn: psycopg.Connection[tuple[object, ...]], call_id: str) -> int | None:
+    """The reservation's generation, committed; None when another delivery won it."""
     found = conn.execute(RESERVE_SQL, {"id": call_id, "owner": _local.owner}).fetchone()
     conn.commit()
-    if found is None:
-        return False  # another delivery won the reservation
-    params = {"id": call_id, "generation": found[0], "body": RESULT_BODY}
+    return None if found is None else cast(int, found[0])
+
+
+def _complete(
+    conn: psycopg.Connection[tuple[object, ...]], call_id: str, generation: int, body: str
+) -> bool:
+    params = {"id": call_id, "generation": generation, "body": body}
     if conn.execute(COMPLETE_SQL, params).rowcount != 1:
         conn.rollback()  # fenced out: a newer reservation owns the call
         return False
@@ -162,6 +244,20 @@ def seed(engine: Engine, calls: int) -> tuple[str, list[str]]:
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         conn.execute(text(f"VACUUM (ANALYZE) {SCHEMA}.calls, {SCHEMA}.results, {SCHEMA}.outbox"))
     return run, call_ids
+
+
+def seed_refunds(engine: Engine, calls: int) -> tuple[str, list[tuple[str, str, str, int]]]:
+    """``seed``, and each call's refund as ``refund``'s arguments: the same refunds as
+    callgate's write scenario and bare RQ's, one new order per turn of ``TURN`` calls (so
+    turns do not queue on one payment row, and the calls of a turn do), amounts 1, 2, …"""
+    run, call_ids = seed(engine, calls)
+    plan: list[tuple[str, str, str, int]] = []
+    for t, start in enumerate(range(0, calls, TURN)):
+        payment = f"pay-{new_order(engine, f'min{t}')}"
+        plan += [
+            (call_ids[i], TENANT, payment, 1 + i) for i in range(start, min(calls, start + TURN))
+        ]
+    return run, plan
 
 
 # Over one run: its calls, the ones that ended, the ones reserved once, the result and outbox
@@ -219,6 +315,75 @@ def read(engine: Engine, run: str) -> Run:
     with engine.connect() as conn:
         row = conn.execute(text(RUN_SQL), {"run": run}).mappings().one()
     return Run(**dict(row))
+
+
+# What the payments provider recorded for one run's calls (by their keys), counted in its own
+# tables: requests received, refund rows (and the calls they cover), side effects (and those
+# fenced with their call's generation), rejections.
+REFUNDS_SQL = f"""
+WITH keyed AS (
+    SELECT :prefix || id::text AS idempotency_key, generation
+      FROM {SCHEMA}.calls WHERE run = :run
+)
+SELECT (SELECT count(*) FROM keyed) AS calls,
+       (SELECT count(*) FROM downstream.requests AS q JOIN keyed USING (idempotency_key)
+         WHERE q.service = 'payments') AS requests,
+       (SELECT count(*) FROM downstream.refunds JOIN keyed USING (idempotency_key)) AS refunds,
+       (SELECT count(DISTINCT idempotency_key) FROM downstream.refunds
+          JOIN keyed USING (idempotency_key)) AS refunded_calls,
+       (SELECT count(*) FROM downstream.side_effects AS e JOIN keyed USING (idempotency_key)
+         WHERE e.service = 'payments') AS side_effects,
+       (SELECT count(*) FROM downstream.side_effects AS e JOIN keyed USING (idempotency_key)
+         WHERE e.service = 'payments' AND e.action = 'refund'
+           AND e.fencing_token = keyed.generation) AS fenced,
+       (SELECT count(*) FROM downstream.rejections AS j JOIN keyed USING (idempotency_key)
+         WHERE j.service = 'payments') AS rejections
+"""
+
+
+@dataclass(frozen=True)
+class Refunds:
+    calls: int
+    requests: int
+    refunds: int
+    refunded_calls: int
+    side_effects: int
+    fenced: int
+    rejections: int
+
+    def check(self, what: str) -> None:
+        """The provider saw each call once and refunded it once, fenced with the call's
+        generation, and refused none."""
+        n = self.calls
+        if not (
+            n > 0
+            and self.requests == self.refunds == self.refunded_calls == n
+            and self.side_effects == self.fenced == n
+            and self.rejections == 0
+        ):
+            raise BenchError(
+                f"{what}: of {n} calls the payments provider got {self.requests} requests, "
+                f"made {self.refunds} refunds for {self.refunded_calls} calls and "
+                f"{self.side_effects} side effects ({self.fenced} fenced with the call's "
+                f"generation), refused {self.rejections}"
+            )
+
+
+def read_refunds(engine: Engine, run: str) -> Refunds:
+    with engine.connect() as conn:
+        params = {"run": run, "prefix": KEY_PREFIX}
+        row = conn.execute(text(REFUNDS_SQL), params).mappings().one()
+    return Refunds(**dict(row))
+
+
+def checked(engine: Engine, run: str, what: str, *, refunds: bool = False) -> Run:
+    """The run's figures once its checks held: its own rows, and with ``refunds`` the
+    provider's too."""
+    found = read(engine, run)
+    found.check(what)
+    if refunds:
+        read_refunds(engine, run).check(what)
+    return found
 
 
 def delete(engine: Engine, run: str) -> None:

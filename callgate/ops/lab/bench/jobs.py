@@ -32,6 +32,12 @@ def minimum_durable(call_id: str) -> None:
     durable.work(call_id)
 
 
+def minimum_durable_refund(call_id: str, tenant_id: str, payment_id: str, amount: int) -> None:
+    """The minimum durable work around the same refund as ``refund``
+    (``callgate.ops.lab.bench.durable.refund``): reserve, refund, complete."""
+    durable.refund(call_id, tenant_id, payment_id, amount)
+
+
 @cache
 def _payments() -> Payments:
     return Payments(db.create(os.environ["CALLGATE_DATABASE_URL"], application_name="bench-rq"))

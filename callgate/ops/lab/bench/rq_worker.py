@@ -42,3 +42,11 @@ class DurableWorker(PreloadedWorker):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         durable.warm()
+
+
+class DurableRefundWorker(DurableWorker):
+    """The same, connected to the payments provider too, for the write ceiling's refunds."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        durable.warm_downstream()

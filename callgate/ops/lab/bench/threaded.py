@@ -4,8 +4,8 @@ The messages are enqueued before the workers start; the ``dramatiq`` CLI then ru
 the queue is drained (it has no burst mode: the bench polls the broker's own hash of
 unacknowledged messages, then stops it with SIGTERM). No-op and sleeping messages are timed
 by the workers' middleware (``dramatiq_worker.Timing``: first start → last acknowledgement,
-over every process); the minimum durable work by its rows' Postgres timestamps, as
-callgate's own runs are.
+over every process); the minimum durable work, alone or around the write scenario's
+refund, by its rows' Postgres timestamps, as callgate's own runs are.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from callgate.ops.lab.bench.services import Services, delete_keys, queue_name
 DRAIN_TIMEOUT_SECONDS = 600.0
 WORKER_MODULE = "callgate.ops.lab.bench.dramatiq_worker"
 DURABLE_MODULE = "callgate.ops.lab.bench.dramatiq_durable"
+DURABLE_REFUND_MODULE = "callgate.ops.lab.bench.dramatiq_durable_refund"
 
 
 def namespace(queue: str) -> str:
@@ -67,9 +68,22 @@ def durable_burst(services: Services, calls: int, *, processes: int, threads: in
     try:
         messages = [("minimum_durable", (c,)) for c in call_ids]
         _run(services, messages, processes, threads, [WORKER_MODULE, DURABLE_MODULE])
-        found = durable.read(services.engine, run)
-        found.check("dramatiq + minimum durable work")
-        return found
+        return durable.checked(services.engine, run, "dramatiq + minimum durable work")
+    finally:
+        durable.delete(services.engine, run)
+
+
+def durable_refunds(services: Services, calls: int, *, processes: int, threads: int) -> durable.Run:
+    """The writes' threaded ceiling: ``calls`` messages of the minimum durable work around
+    the same refunds as the write scenario's (``durable.refund``); read from the rows and
+    checked on both sides: one winner, one result and one outbox row per call, and one
+    refund per call at the provider."""
+    run, plan = durable.seed_refunds(services.engine, calls)
+    try:
+        messages = [("minimum_durable_refund", args) for args in plan]
+        _run(services, messages, processes, threads, [WORKER_MODULE, DURABLE_REFUND_MODULE])
+        what = "dramatiq + minimum durable work + the same refund"
+        return durable.checked(services.engine, run, what, refunds=True)
     finally:
         durable.delete(services.engine, run)
 
