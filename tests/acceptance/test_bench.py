@@ -55,6 +55,7 @@ def test_quick_bench_writes_its_results_and_its_checks_hold(
     # (bare RQ runs one job at a time), and callgate is read against the threaded ceiling.
     systems = {
         "noop": {"bare_rq": 1, "rq_durable": 1, "dramatiq": 8, "dramatiq_durable": 8},
+        "write": {"bare_rq": 1, "rq_durable_refund": 1, "dramatiq_durable_refund": 8},
         "io": {"bare_rq": 1, "dramatiq": cfg["concurrency"]},
     }
     for scenario, threads in systems.items():
@@ -67,7 +68,10 @@ def test_quick_bench_writes_its_results_and_its_checks_hold(
     noop = result["throughput"]["noop"]["rows"][0]
     assert noop["threaded_ceiling"] == "dramatiq_durable"
     assert noop["threaded_ceiling_per_s"] == noop["baselines"]["dramatiq_durable"]["per_s"]
-    assert result["throughput"]["write"]["rows"][0]["ratio_to_threaded_ceiling"] is None
+    write = result["throughput"]["write"]["rows"][0]
+    assert write["threaded_ceiling"] == "dramatiq_durable_refund"
+    assert write["threaded_ceiling_per_s"] == write["baselines"]["dramatiq_durable_refund"]["per_s"]
+    assert "Writes (refund_payment), every system" in table
     # A quick run says its ratios are indicative only, in both files.
     assert cfg["indicative_only"] and "one repeat" in cfg["indicative_why"]
     assert "**Indicative only:**" in table

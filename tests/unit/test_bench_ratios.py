@@ -18,6 +18,14 @@ RATES = {
     "dramatiq_durable": [900.0, 800.0, 1000.0],
 }
 
+# Writes: bare RQ's refunds, and the minimum durable work around the same refund.
+WRITE_RATES = {
+    "callgate": [300.0, 280.0, 320.0],
+    "bare_rq": [150.0, 160.0, 140.0],
+    "rq_durable_refund": [100.0, 90.0, 110.0],
+    "dramatiq_durable_refund": [600.0, 640.0, 560.0],
+}
+
 
 def test_a_row_gives_callgates_ratio_to_bare_rq_and_to_the_threaded_ceiling() -> None:
     row = ratios.row(2, 8, RATES, ceiling="dramatiq_durable")
@@ -42,6 +50,21 @@ def test_every_baseline_states_its_processes_and_threads() -> None:
     }
     assert row["baselines"]["dramatiq"]["callgate_ratio"] == 0.25
     assert row["baselines"]["rq_durable"]["callgate_ratio"] == round(450 / 130, 2)
+
+
+def test_writes_are_read_against_the_minimum_durable_work_around_the_same_refund() -> None:
+    row = ratios.row(2, 8, WRITE_RATES, ceiling="dramatiq_durable_refund")
+    assert row["ratio"] == 2.0  # 300 ÷ bare RQ's 150, as before
+    assert row["threaded_ceiling_per_s"] == 600.0
+    assert row["ratio_to_threaded_ceiling"] == 0.5
+    got = {name: (b["workers"], b["threads"], b["per_s"]) for name, b in row["baselines"].items()}
+    assert got == {
+        "bare_rq": (2, 1, 150.0),
+        "rq_durable_refund": (2, 1, 100.0),  # SimpleWorker: one refund at a time
+        "dramatiq_durable_refund": (2, 8, 600.0),
+    }
+    assert row["baselines"]["rq_durable_refund"]["callgate_ratio"] == 3.0
+    assert "same refund" in row["baselines"]["dramatiq_durable_refund"]["label"]
 
 
 def test_a_scenario_without_a_ceiling_reports_none_and_only_what_ran() -> None:
@@ -97,14 +120,18 @@ def test_a_quick_run_records_that_its_ratios_are_indicative_only() -> None:
 def test_the_report_prints_the_note_and_the_ceiling(quick: bool) -> None:
     config = _config(**(QUICK if quick else FULL))
     noop = [ratios.row(w, 8, RATES, ceiling="dramatiq_durable") for w in config.workers]
-    write = [ratios.row(w, 8, RATES, ceiling=None) for w in config.workers]
-    for rows in (noop, write):
+    write = [
+        ratios.row(w, 8, WRITE_RATES, ceiling="dramatiq_durable_refund") for w in config.workers
+    ]
+    io = [ratios.row(w, 32, RATES, ceiling=None) for w in config.workers]
+    for rows in (noop, write, io):
         ratios.scaling(rows)
     result = {
         "config": config.as_json(),
         "throughput": {
             "noop": {"baseline": "bare RQ, no-op job", "rows": noop},
             "write": {"baseline": "bare RQ, same downstream refund", "rows": write},
+            "io": {"baseline": "bare RQ, 100 ms sleep job", "rows": io},
         },
         "redelivery": {
             "thrice_per_s": 1.0,
@@ -118,12 +145,33 @@ def test_the_report_prints_the_note_and_the_ceiling(quick: bool) -> None:
     }
     table = report.markdown(result, "callgate bench")
     assert ("**Indicative only:**" in table) is quick
-    # The no-op row carries the ceiling and callgate's ratio to it; the writes have none.
+    # The no-op and write rows carry their ceiling and callgate's ratio to it; a scenario
+    # without a ceiling leaves both cells blank.
     assert "| No-op reads (get_stock) | 1 | 8 | 450 | bare RQ, no-op job | 200 | 2.25× " in table
     assert "| 900 | 0.50× |" in table
-    assert "| Writes (refund_payment) | 1 | 8 | 450 |" in table
+    assert (
+        "| Writes (refund_payment) | 1 | 8 | 300 | bare RQ, same downstream refund | 150 "
+        "| 2.00× | 1.00× | 1.00× | 600 | 0.50× |" in table
+    )
+    assert "| 100 ms tools | 1 | 32 | 450 |" in table
     assert "| 1.00× | 1.00× |  |  |" in table
     assert (
         "| dramatiq (K threads per process) + the minimum durable work (threaded ceiling) " in table
     )
     assert "| **callgate** | 1 | 8 | 450 | 1.00× |" in table
+    # The writes get their every-system table, as the reads do.
+    writes = table.split("Writes (refund_payment), every system")[1]
+    assert writes.startswith(
+        " (W processes × threads each; ceiling = dramatiq (K threads per process) + the "
+        "minimum durable work + the same refund):"
+    )
+    assert (
+        "| dramatiq (K threads per process) + the minimum durable work + the same refund "
+        "(threaded ceiling) | 1 | 8 | 600 | 0.50× |" in writes
+    )
+    assert (
+        "| RQ + the minimum durable work + the same refund (one job at a time) | 1 | 1 | 100 "
+        "| 3.00× |" in writes
+    )
+    assert "| **callgate** | 1 | 8 | 300 | 1.00× |" in writes
+    assert "100 ms tools, every system" not in table

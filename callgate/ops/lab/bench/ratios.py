@@ -4,8 +4,9 @@ arithmetic over typed values, no I/O.
 Each system's figure is the median of its repeats. callgate's ratio is given against every
 baseline; two of them are named: bare RQ (the ``ratio`` the bench has always reported) and
 the threaded ceiling, the fastest an executor with callgate's promises can be on the same
-processes and threads (dramatiq running the minimum durable work; for the 100 ms tools,
-dramatiq's sleeping threads, beside the in-flight bound W × K / delay).
+processes and threads (dramatiq running the minimum durable work; for writes, the minimum
+durable work around the same downstream refund; for the 100 ms tools, dramatiq's sleeping
+threads, beside the in-flight bound W × K / delay).
 """
 
 from __future__ import annotations
@@ -40,6 +41,16 @@ SYSTEMS = {
     "dramatiq_durable": System(
         "dramatiq (K threads per process) + the minimum durable work",
         "dramatiq + min durable",
+        one_at_a_time=False,
+    ),
+    "rq_durable_refund": System(
+        "RQ + the minimum durable work + the same refund (one job at a time)",
+        "RQ + min durable + refund",
+        one_at_a_time=True,
+    ),
+    "dramatiq_durable_refund": System(
+        "dramatiq (K threads per process) + the minimum durable work + the same refund",
+        "dramatiq + min durable + refund",
         one_at_a_time=False,
     ),
 }

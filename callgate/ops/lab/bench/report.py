@@ -118,7 +118,8 @@ def markdown(result: dict[str, Any], command: str) -> str:
 
 
 def _ceiling(row: dict[str, Any]) -> tuple[str, str]:
-    """The threaded ceiling's figure and callgate's ratio to it, or blanks (writes)."""
+    """The threaded ceiling's figure and callgate's ratio to it, or blanks (a scenario
+    without one)."""
     if row.get("threaded_ceiling_per_s") is None:
         return "", ""
     return f"{row['threaded_ceiling_per_s']:g}", f"{row['ratio_to_threaded_ceiling']:.2f}×"

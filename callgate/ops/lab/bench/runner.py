@@ -43,13 +43,13 @@ BASELINE = {
 }
 # The systems each scenario runs beside callgate (ratios.SYSTEMS says what each is), and the
 # one that is its threaded ceiling: the same processes and threads, doing the least work an
-# executor with callgate's promises must do.
+# executor with callgate's promises must do (for writes, around the same downstream refund).
 BASELINES = {
     "noop": ("bare_rq", "rq_durable", "dramatiq", "dramatiq_durable"),
-    "write": ("bare_rq",),
+    "write": ("bare_rq", "rq_durable_refund", "dramatiq_durable_refund"),
     "io": ("bare_rq", "dramatiq"),
 }
-CEILING = {"noop": "dramatiq_durable", "write": None, "io": "dramatiq"}
+CEILING = {"noop": "dramatiq_durable", "write": "dramatiq_durable_refund", "io": "dramatiq"}
 
 
 @dataclass(frozen=True)
@@ -145,11 +145,15 @@ class Bench:
                 rate = bare.burst(s, jobs, workers=w)
             elif system == "rq_durable":
                 rate = bare.durable_burst(s, calls, workers=w).per_second()
+            elif system == "rq_durable_refund":
+                rate = bare.durable_refunds(s, calls, workers=w).per_second()
             elif system == "dramatiq" and scenario == "io":
                 found = threaded.sleeps(s, calls, IO_DELAY_MS, processes=w, threads=k)
                 rate = found.per_second()
             elif system == "dramatiq":
                 rate = threaded.noops(s, calls, processes=w, threads=k).per_second()
+            elif system == "dramatiq_durable_refund":
+                rate = threaded.durable_refunds(s, calls, processes=w, threads=k).per_second()
             else:
                 rate = threaded.durable_burst(s, calls, processes=w, threads=k).per_second()
             self.rates[scenario][w][system].append(rate)
