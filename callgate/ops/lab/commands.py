@@ -9,6 +9,7 @@ import json
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -162,26 +163,45 @@ def _worker_counts(raw: str) -> tuple[int, ...]:
     show_default=True,
     help="Where to write the costs (JSON).",
 )
+@click.option(
+    "--statements",
+    is_flag=True,
+    help="On a PostgreSQL of its own with pg_stat_statements (started and removed here; "
+    "needs PostgreSQL's server programs): also each statement's executions, time, WAL and "
+    "buffers per call, and each table's rows and index entries written per call.",
+)
 def bench_costs_cmd(
-    calls: int, kind: str | None, workers: int, concurrency: int | None, out: Path
+    calls: int,
+    kind: str | None,
+    workers: int,
+    concurrency: int | None,
+    out: Path,
+    statements: bool,
 ) -> None:
     """Measure what one call costs each tier: Postgres, worker, relayer and Redis CPU, Redis
     commands, Postgres connections per worker, in steady state on CALLGATE_DATABASE_URL and
     CALLGATE_REDIS_URL (run it on the database's machine: it reads /proc). Feed the file to
-    `callgate bench model`."""
+    `callgate bench model`.
+
+    With --statements the PostgreSQL is a private one the command starts (CALLGATE_DATABASE_URL
+    is not used), so its CPU figures are that server's."""
     from callgate.core.settings import Settings
     from callgate.ops.lab.bench import costs
+    from callgate.ops.lab.bench import statements as per_statement
     from callgate.ops.lab.bench.services import Services
 
+    options: dict[str, Any] = {
+        "kinds": [kind] if kind else list(costs.KINDS),
+        "calls": calls,
+        "workers": workers,
+        "concurrency": concurrency or Settings().worker_concurrency,
+        "command": " ".join(["callgate", *sys.argv[1:]]),
+    }
     try:
-        found = costs.run(
-            Services.prepare(load_settings()),
-            kinds=[kind] if kind else list(costs.KINDS),
-            calls=calls,
-            workers=workers,
-            concurrency=concurrency or Settings().worker_concurrency,
-            command=" ".join(["callgate", *sys.argv[1:]]),
-        )
+        if statements:
+            found = per_statement.run(load_settings(), **options)
+        else:
+            found = costs.run(Services.prepare(load_settings()), **options)
     except BenchError as exc:
         click.echo(f"callgate bench costs: FAILED: {exc}", err=True)
         sys.exit(1)
@@ -193,6 +213,9 @@ def bench_costs_cmd(
             f" ms CPU and {k['redis_commands_per_call']} commands per call; "
             f"{k['pg_connections_per_worker']} connections per worker"
         )
+    for name, k in found["kinds"].items():
+        if "statements" in k:
+            click.echo("\n" + per_statement.render(name, k["statements"]) + "\n")
     click.echo(f"wrote {out}")
 
 

@@ -80,12 +80,15 @@ class Replicated:
     """A primary on ``port``, and after ``replicate()`` a streaming replica on
     ``replica_port``; after ``fail_over()``, ``port`` serves the promoted replica."""
 
-    def __init__(self, database: str = DATABASE) -> None:
+    def __init__(self, database: str = DATABASE, settings: dict[str, str] | None = None) -> None:
+        """``settings``: postgresql.conf lines the primary gets after ``PRIMARY_SETTINGS``
+        (a later line wins), for a caller that needs a server configured otherwise."""
         self.bin = server_programs()
         if self.bin is None:
             raise unavailable()
         self.as_user = _service_user()
         self.database = database
+        self.settings = settings or {}
         self.root = Path(tempfile.mkdtemp(prefix="callgate-pgrepl-"))
         # The servers write into it; the sockets go here too, so nothing of the machine's
         # own cluster (/var/run/postgresql) is touched.
@@ -130,7 +133,11 @@ class Replicated:
         (self.primary_dir / "pg_hba.conf").write_text(HBA)
         _configure(
             self.primary_dir,
-            {**PRIMARY_SETTINGS, "unix_socket_directories": f"'{self.root}'"},
+            {
+                **PRIMARY_SETTINGS,
+                **self.settings,
+                "unix_socket_directories": f"'{self.root}'",
+            },
         )
         self._start(self.primary_dir, self.port)
         with self._connect(self.port, "postgres") as conn:

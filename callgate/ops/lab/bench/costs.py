@@ -20,6 +20,9 @@ an idle baseline subtracted: their rates over ``BASELINE_SECONDS`` before the ru
 window's length. The producer's side (submit before the workers start, collect after they
 stop) is measured around those phases, its own Postgres backend and the Redis deltas.
 
+With a ``Watch`` (``callgate bench costs --statements``, see ``statements``), the run tells it
+its moments (``MOMENTS``), so it can read the server's own counters at the same boundaries.
+
 Every figure is measured; none is assumed. Postgres CPU of the demo tools' own tables (the
 worker's ``callgate-downstream`` connection) is reported apart from callgate's: a real
 tool's database is its own.
@@ -35,10 +38,10 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from sqlalchemy import text
 
@@ -73,6 +76,21 @@ SELECT (SELECT count(*) FROM callgate.calls
        (SELECT count(*) FROM callgate.outbox
          WHERE turn_id = ANY(CAST(:turns AS uuid[]))) AS outbox
 """
+# What a ``Watch`` is told, in this order: the submit's start and end, the steady-state
+# window's first sample (the one ``_reduce``
+# opens the worker's window at) and the last (every call completed and published), the
+# collect's start and end, and every process stopped and the producer closed.
+MOMENTS = ("submit", "submitted", "window", "drained", "collect", "collected", "stopped")
+
+
+class Watch(Protocol):
+    """Something measured around a run's moments (``MOMENTS``), reported with its costs."""
+
+    def mark(self, moment: str) -> None: ...
+
+    def report(self) -> dict[str, Any]: ...
+
+
 BACKENDS_SQL = """
 SELECT pid, client_port, application_name FROM pg_stat_activity
  WHERE datname = current_database() AND client_port IS NOT NULL AND client_port > 0
@@ -211,15 +229,33 @@ def _first(samples: Sequence[Sample], ok: Callable[[Sample], bool], what: str) -
 
 
 def measure_kind(
-    services: Services, kind: str, *, calls: int, workers: int, concurrency: int
+    services: Services,
+    kind: str,
+    *,
+    calls: int,
+    workers: int,
+    concurrency: int,
+    watch: Watch | None = None,
+    observer: Services | None = None,
+    env_extra: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
     """One run of ``calls`` calls of ``kind`` (``reads``: no-op get_stock; ``writes``:
-    refund_payment on the demo's payments) through ``workers`` workers of ``concurrency``."""
-    turns = workload.reads(calls) if kind == "reads" else workload.refunds(services.engine, calls)
+    refund_payment on the demo's payments) through ``workers`` workers of ``concurrency``.
+
+    ``observer``: the services the bench's own statements (sampling, the refunds' payments,
+    VACUUM, the checks) go through, when they must be told apart from the calls' (by the
+    database user); ``env_extra``: more variables for the producer, workers and relayer."""
+    bench = observer or services
+    turns = workload.reads(calls) if kind == "reads" else workload.refunds(bench.engine, calls)
     queue = queue_name("costs")
-    env = services.env(queue, CALLGATE_WORKER_CONCURRENCY=str(concurrency))
+    env = services.env(queue, CALLGATE_WORKER_CONCURRENCY=str(concurrency), **(env_extra or {}))
     producer = Producer.from_env(services.settings(env))
-    probe = Probe(services)
+    probe = Probe(bench)
+
+    def mark(moment: str) -> None:
+        if watch is not None:
+            watch.mark(moment)
+
     probe.owners[os.getpid()] = "producer"
     children: list[procs.Child] = []
     try:
@@ -229,35 +265,40 @@ def measure_kind(
         background = _baseline(probe)
 
         before = probe.sample()
+        mark("submit")
         for proposals in turns:
             probe.turns.append(producer.submit(proposals, CONTEXT).turn_id)
+        mark("submitted")
         submitted = probe.sample()
-        services.tidy()  # as the bench does before every measured run
+        bench.tidy()  # as the bench does before every measured run
 
         children.append(procs.callgate(["relayer"], env))
         children += [procs.callgate(["worker"], env) for _ in range(workers)]
         for child in children:
             probe.owners[child.pid] = "relayer" if child is children[0] else "worker"
-        samples = _run(probe, children, calls)
+        samples = _run(probe, children, calls, mark)
         procs.stop(children)
         procs.forget(children)
 
         collect_start = probe.sample()
+        mark("collect")
         for turn_id in probe.turns:
             if not producer.collect(turn_id, timeout=30).complete:
                 raise BenchError(f"bench costs: turn {turn_id} did not fan in")
+        mark("collected")
         collected = probe.sample()
-        window = measure.window(services.engine, probe.turns)
+        window = measure.window(bench.engine, probe.turns)
         if window.terminal != calls or window.unpublished:
             raise BenchError(f"bench costs: {calls - window.terminal} of {calls} calls did not end")
         overhead = statistics.median(
-            measure.stages(services.engine, probe.turns)["reserved→completed"]
+            measure.stages(bench.engine, probe.turns)["reserved→completed"]
         )
     finally:
         procs.stop(children)
         delete_keys(producer.redis, f"callgate:{queue}:*")
         delete_keys(producer.redis, f"rq:*{queue}*")
         producer.close()
+    mark("stopped")
     me = os.getpid()
     return _reduce(
         kind=kind,
@@ -274,13 +315,25 @@ def measure_kind(
     )
 
 
-def _run(probe: Probe, children: list[procs.Child], calls: int) -> list[Sample]:
+def _warm(calls: int) -> int:
+    """The calls completed when the worker's window opens."""
+    return max(1, int(calls * WARM_UP))
+
+
+def _run(
+    probe: Probe, children: list[procs.Child], calls: int, mark: Callable[[str], None]
+) -> list[Sample]:
     samples: list[Sample] = []
     deadline = time.monotonic() + RUN_TIMEOUT_SECONDS
+    opened = False
     while True:
         s = probe.sample()
         samples.append(s)
+        if not opened and s.completed >= _warm(calls):
+            mark("window")  # the sample _reduce opens the worker's window at
+            opened = True
         if s.completed == calls and s.published == s.outbox > 0:
+            mark("drained")
             return samples
         for child in children:
             if child.proc.poll() is not None:
@@ -306,7 +359,7 @@ def _reduce(
     me: int,
     overhead_ms: float,
 ) -> dict[str, Any]:
-    warm = max(1, int(calls * WARM_UP))
+    warm = _warm(calls)
     w0 = _first(samples, lambda s: s.completed >= warm, f"{warm} calls had completed")
     w1 = _first(samples, lambda s: s.completed == calls, "every call had completed")
     r0 = _first(
@@ -474,13 +527,28 @@ def run(
     workers: int,
     concurrency: int,
     command: str,
+    watches: Callable[[str], Watch] | None = None,
+    observer: Services | None = None,
+    env_extra: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
-    """Every kind's costs, and the machine they were measured on."""
+    """Every kind's costs, and the machine they were measured on. ``watches`` makes each
+    kind's ``Watch``, whose report goes in the kind's ``statements``; ``observer`` and
+    ``env_extra`` are ``measure_kind``'s."""
     found: dict[str, Any] = {}
     for kind in kinds:
+        watch = watches(kind) if watches is not None else None
         found[kind] = measure_kind(
-            services, kind, calls=calls, workers=workers, concurrency=concurrency
+            services,
+            kind,
+            calls=calls,
+            workers=workers,
+            concurrency=concurrency,
+            watch=watch,
+            observer=observer,
+            env_extra=env_extra,
         )
+        if watch is not None:
+            found[kind]["statements"] = watch.report()
         found[kind]["counted_in_process"] = round_trips(services, kind, min(calls, 200))
     with services.engine.connect() as conn:
         version, max_connections = conn.execute(
