@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import re
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from callgate.core.errors import CallgateError
+from callgate.ops.lab import replicated
 from callgate.ops.lab.bench import statements
 from callgate.ops.lab.bench.statements import Reading
 from callgate.store import db, endings, outbox, reservations, turns
@@ -106,7 +109,7 @@ def test_index_entries_count_inserts_and_non_hot_updates_once_per_index() -> Non
 
 
 def _row(who: str, query: str, calls: int, wal: int, exec_ms: float = 0.0) -> dict[str, Any]:
-    counters = dict.fromkeys(statements.COUNTERS, 0)
+    counters: dict[str, float] = dict.fromkeys(statements.COUNTERS, 0.0)
     counters.update(calls=calls, rows=calls, wal_bytes=wal, total_exec_time=exec_ms)
     return {"who": who, "query": query, **counters}
 
@@ -188,3 +191,21 @@ def test_render_shows_each_phase_and_table() -> None:
     assert "| run | callgate | `endings.END_READS` |" in text
     assert "| callgate.calls |" in text
     assert "WAL per call over the whole run" in text
+
+
+def test_no_server_programs_is_one_clear_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(replicated, "server_programs", lambda: None)
+    with pytest.raises(CallgateError, match="found no server programs") as caught:
+        statements.private_postgres().__enter__()
+    assert "\n" not in caught.value.message
+
+
+def test_no_pg_stat_statements_is_one_clear_line(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "lib").mkdir()  # a server's folders, without the extension's library
+    monkeypatch.setattr(replicated, "server_programs", lambda: tmp_path / "bin")
+    with pytest.raises(CallgateError, match="needs the pg_stat_statements extension") as caught:
+        statements.private_postgres().__enter__()
+    assert "\n" not in caught.value.message
