@@ -322,6 +322,14 @@ class Settings(Section):
     worker_concurrency: int = setting(
         8, "Calls one worker process runs at once.", ge=1, le=MAX_WORKER_CONCURRENCY
     )
+    # A call that finished waits this long at most for the ones running beside it in its
+    # process, so they end in one statement (reads in one, writes' completions in another).
+    worker_commit_window_ms: FiniteFloat = setting(
+        2.0,
+        "Milliseconds a finished call waits for those running beside it, to end them together.",
+        ge=0,
+        le=60_000,
+    )
     worker_grace_seconds: FiniteFloat = setting(
         30.0, "On SIGTERM, how long a worker waits for its calls in flight.", ge=0
     )

@@ -1,16 +1,11 @@
-"""The guarantees, one SQL statement each: reserve, renew, complete, reject, reuse.
+"""The guarantees, one SQL statement each: reserve, renew, refuse, reject, reuse, conclude.
 
 - ``reserve``: one guarded UPDATE; exactly one of N competing workers gets a row back. A
   lease that has expired is taken over with ``generation + 1`` (the fencing token).
 - ``renew``: extends the lease only for the same owner and generation (``renew_many``: the
   same for many leases in one statement, each with the same guard; it never waits for a row
   another transaction has locked, so no lock on one operation delays another's lease).
-- ``complete``: requires state ``in_progress`` and the same intent, owner and generation; in
-  the same statement it writes the result to the operation and to every call the operation
-  started, their outbox rows and trace events, and wakes the relayer. No row means a stale
-  owner: nothing changes. Other calls still waiting on the operation are dispatched again:
-  each runs the gate and reuses the result if its intent matches, or gets
-  ``idempotency_conflict`` if it asked for something else under the same operation id.
+- complete: see ``completions`` (a write's fenced completion, alone or in a batch).
 - ``conclude``: ends an operation whose owner's lease expired without running anything
   again (an intent that changed during a crash gap, a call out of dispatches), guarded on
   the generation the caller saw.
@@ -42,7 +37,6 @@ from typing import Any, Literal
 import psycopg
 from sqlalchemy import Connection, Engine, text
 
-from callgate.core.errors import UnstorableValue
 from callgate.core.types import TERMINAL_STATES
 from callgate.store import db, histories
 from callgate.store.endings import (
@@ -191,29 +185,6 @@ FINISH_STARTED = f"""), finished AS (
     RETURNING c.id, c.turn_id, c.operation_id, c.result, c.state AS status
 )"""
 
-COMPLETE_SQL = (
-    LOCK_CALLS
-    + """, op AS (
-    UPDATE callgate.operations
-       SET state = :op_state,
-           result = CASE WHEN CAST(:op_state AS text) = 'pending' THEN NULL
-                         ELSE CAST(:body AS jsonb) END,
-           owner_token = NULL,
-           lease_expires_at = NULL,
-           completed_at = now()
-     WHERE operation_id = :operation_id
-       AND state = 'in_progress'
-       AND intent_hash = :intent_hash
-       AND owner_token = :owner_token
-       AND generation = :generation
-       AND (SELECT count(*) FROM locked) >= 0  -- the calls are locked before this row
-    RETURNING operation_id
-"""
-    + FINISH_STARTED
-    + OPERATION_TAIL
-    + ", (SELECT count(*) FROM op) AS won"
-)
-
 REFUSE_SQL = (
     LOCK_CALLS
     + f""", op AS (
@@ -339,13 +310,6 @@ SELECT op.state, op.intent_hash, op.generation, op.owner_token, op.reserved_from
  WHERE op.operation_id = :operation_id AND c.id = :call_ref
 """
 
-COMPLETED_BY_SQL = """
-SELECT 1 FROM callgate.operations
- WHERE operation_id = :operation_id AND generation = :generation AND state = :op_state
-   AND result IS NOT DISTINCT FROM (CASE WHEN CAST(:op_state AS text) = 'pending' THEN NULL
-                                         ELSE CAST(:body AS jsonb) END)
-"""
-
 TRACE_SQL = """
 INSERT INTO callgate.trace_events (turn_id, call_ref, operation_id, event, generation, detail)
 VALUES (:turn_id, :call_ref, :operation_id, :event, :generation, CAST(:detail AS jsonb))
@@ -357,12 +321,10 @@ _RESERVE = db.Statement(RESERVE_SQL)
 _RENEW = db.Statement(RENEW_SQL)
 _RENEW_MANY = db.Statement(RENEW_MANY_SQL)
 _BOUNDED_LOCK_WAIT = db.Statement(BOUNDED_LOCK_WAIT_SQL)
-_COMPLETE = db.Statement(COMPLETE_SQL)
 _REFUSE = db.Statement(REFUSE_SQL)
 _REJECT = db.Statement(REJECT_SQL)
 _REUSE = db.Statement(REUSE_SQL)
 _WHY_LOST = db.Statement(WHY_LOST_SQL)
-_COMPLETED_BY = db.Statement(COMPLETED_BY_SQL)
 _TRACE = db.Statement(TRACE_SQL)
 
 
@@ -549,61 +511,6 @@ def renew_many(conn: db.RawConnection, leases: list[tuple[Lease, float]]) -> Ren
         except psycopg.errors.LockNotAvailable:
             busy.add(key)
     return Renewal(renewed, busy)
-
-
-def complete(
-    engine: Engine,
-    lease: Lease,
-    *,
-    status: str,
-    payload: dict[str, Any],
-    detail: dict[str, Any] | None = None,
-    retry_seconds: float = db.TRANSIENT_SECONDS,
-) -> Finished:
-    """Commit the outcome iff this owner still holds this generation. Else change nothing.
-
-    Retried on a refused connect, a lost connection or a deadlock abort for up to
-    ``retry_seconds``: the statement is guarded (a takeover meanwhile makes it match no
-    row), and a retry that finds this very outcome already committed (its reply was lost)
-    reports it as won. A worker gives it as long as its lease could last: the result it
-    holds exists nowhere else, and until the lease runs out nobody can take the operation
-    over, so any outage shorter than that ends with the owner's own result.
-    A value Postgres cannot store raises ``UnstorableValue`` and changes nothing.
-    """
-    assert status in TERMINAL_STATES
-    # A retryable failure ends the call but leaves the operation open for a later retry.
-    op_state = {"succeeded": "succeeded", "failed_terminal": "failed"}.get(status, "pending")
-    try:
-        body = result_body(status, payload)
-    except (TypeError, ValueError) as exc:  # NaN, Infinity, bytes, a set: not JSON
-        raise UnstorableValue(f"the result holds a value JSON cannot carry ({exc})") from None
-    params = {
-        "operation_id": lease.operation_id,
-        "owner_token": lease.owner_token,
-        "generation": lease.generation,
-        "intent_hash": lease.intent_hash,
-        "op_state": op_state,
-        "status": status,
-        "body": body,
-        "event": "completed",
-        "detail": json.dumps(detail or {}),
-    }
-
-    attempts = 0
-
-    def attempt() -> Finished:
-        nonlocal attempts
-        attempts += 1
-        with db.raw_autocommit(engine) as conn:
-            row = conn.one(_COMPLETE, params)
-            if row.won:
-                return Finished(row.finished, list(row.successors), won=True)
-            if attempts > 1:  # did the attempt whose connection died commit first?
-                mine = conn.first(_COMPLETED_BY, params)
-                return Finished(0, [], won=mine is not None)
-            return Finished(0, [], won=False)
-
-    return storing(attempt, seconds=max(retry_seconds, db.TRANSIENT_SECONDS))
 
 
 def refuse(

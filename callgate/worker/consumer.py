@@ -91,6 +91,7 @@ class Consumer:
         self._reconcile = False
         self._liveness = deliveries.Liveness(rt.redis, rt.settings.queue, self.name)
         self._endings = group_commit.for_engine(rt.engine)
+        self._endings.window_seconds = rt.settings.worker_commit_window_ms / 1000
 
     def stop(self) -> None:
         """Take no more calls; the ones in flight finish (within the grace period, counted

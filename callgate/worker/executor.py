@@ -36,7 +36,7 @@ from callgate.core.settings import Settings
 from callgate.core.types import TERMINAL_STATES
 from callgate.observe import metrics, tracing
 from callgate.queue import transport
-from callgate.store import approvals, calls, db, endings, reservations
+from callgate.store import approvals, calls, completions, db, endings, reservations
 from callgate.store.audit import attempt_spans
 from callgate.tools import gate, redaction, results
 from callgate.tools.intent import idempotency_key, intent_hash
@@ -74,7 +74,7 @@ class _Delivery:
             "verdicts": self.verdicts,
         }
         self.spans = tracing.NOT_TRACED
-        # Reads finishing together end in one statement; this delivery's place among them.
+        # Calls finishing together end in one statement each kind; this delivery's place.
         self.batch = batch
         self.ticket = ticket
         # The call's status and error code once this delivery ended it (for its span).
@@ -308,7 +308,6 @@ def _run(
     d: _Delivery, tool: Tool, args: Arguments, key: str, intent: str, facts: Facts
 ) -> DeliveryOutcome:
     rt, call = d.rt, d.call
-    d.batch.leave(d.ticket)  # a reservation's path: no read ending from this delivery
     owner = uuid.uuid4()
     sent = time.monotonic()
     d.spans.stage(tracing.RESERVATION)
@@ -611,30 +610,22 @@ def _complete(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> Del
 
 
 def _complete_held(d: _Delivery, lease: reservations.Lease, outcome: _Outcome) -> DeliveryOutcome:
+    # The result exists only here: PostgreSQL being unreachable for longer than one
+    # statement's retries must not drop it while the lease could still be ours.
+    retry = d.rt.settings.lease_seconds
     try:
-        finished = reservations.complete(
-            d.rt.engine,
-            lease,
-            status=outcome.status,
-            payload=outcome.payload,
-            detail=d.audit,
-            # The result exists only here: PostgreSQL being unreachable for longer than one
-            # statement's retries must not drop it while the lease could still be ours.
-            retry_seconds=d.rt.settings.lease_seconds,
-        )
+        done = completions.completion(lease, outcome.status, outcome.payload, d.audit)
+        finished = d.batch.complete(done, d.ticket, retry_seconds=retry)
     except UnstorableValue as exc:
         log.warning("call %s: %s", d.call.call_id, exc.message)
         if d.call.kind == "write" and outcome.status == "succeeded":
             fallback = _reconciliation("the write applied but its result cannot be stored")
         else:
             fallback = _failed(ErrorCode.EXECUTION_FAILED, "the result cannot be stored")
-        finished = reservations.complete(
-            d.rt.engine,
-            lease,
-            status=fallback.status,
-            payload=fallback.payload,
-            detail={"unstorable": True},
+        done = completions.completion(
+            lease, fallback.status, fallback.payload, {"unstorable": True}
         )
+        finished = d.batch.complete(done, d.ticket, retry_seconds=retry)
         outcome = fallback
     if not finished.won:
         d.trace("stale_completion_rejected", generation=lease.generation, status=outcome.status)

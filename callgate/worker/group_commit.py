@@ -1,16 +1,20 @@
-"""Reads that finish together end together: one statement, one commit, for many reads.
+"""Calls that finish together end together: one statement, one commit, for many calls.
 
 The first delivery to hand in its ending leads: it waits up to ``window_seconds`` for the
 others still running in this process to hand in theirs (never longer than it takes them; not
-at all when it is the only one running), then ends the whole batch with
-``endings.end_reads`` and gives each delivery its own answer. Each row keeps its own guard,
-so a batch changes nothing a delivery could not have changed alone: a read another delivery
-already ended is simply not ended again, and only that row says so.
+at all when it is the only one running), then ends the whole batch and gives each delivery
+its own answer: the reads with ``endings.end_reads``, the writes' fenced completions with
+``completions.complete_many`` (one statement each kind). Each row keeps its own guard, so a
+batch changes nothing a delivery could not have changed alone: a read another delivery
+already ended is not ended again, a write whose owner was taken over is fenced out, and only
+that row says so.
 
 One row Postgres refuses to store (a value no retry can ever commit) would fail the whole
 statement: the batch is then ended row by row, and only that delivery hears of it. A
 delivery's job stays in its worker's taken hash until its answer came back, so a worker
-killed with endings in hand loses nothing: a sweeper dispatches those reads again.
+killed with endings in hand loses nothing: a sweeper dispatches those reads again, and a
+write's lease runs out and it is taken over (its status lookup or its key settles whether
+it applied).
 """
 
 from __future__ import annotations
@@ -18,11 +22,11 @@ from __future__ import annotations
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from callgate.core.errors import UnstorableValue
-from callgate.store import db, endings
+from callgate.store import completions, db, endings
 from callgate.store.db import Engine
 
 # How long a leading delivery waits for the others running beside it. Short against a
@@ -40,9 +44,11 @@ class Ticket:
 
 @dataclass
 class _Slot:
-    ending: endings.Ending
+    ending: endings.Ending | completions.Completion
+    retry_seconds: float  # how long its statement is retried through an outage
     done: threading.Event = field(default_factory=threading.Event)
     ended: bool = False
+    finished: int = 0  # a write: the calls its completion ended
     successors: list[uuid.UUID] = field(default_factory=list)
     error: BaseException | None = None
 
@@ -69,7 +75,7 @@ class GroupCommit:
         return Ticket()
 
     def leave(self, ticket: Ticket) -> None:
-        """This delivery will hand in no ending (it is a write, or it ended otherwise)."""
+        """This delivery will hand in no ending here (it ended the call otherwise)."""
         with self._cond:
             self._leave(ticket)
 
@@ -84,7 +90,18 @@ class GroupCommit:
     ) -> tuple[bool, list[uuid.UUID]]:
         """End one read, batched with those finishing now: whether this delivery ended it
         (False: another delivery had), and the calls its ending unblocked."""
-        slot = _Slot(ending)
+        slot = self._join(_Slot(ending, retry_seconds), ticket)
+        return slot.ended, slot.successors
+
+    def complete(
+        self, completion: completions.Completion, ticket: Ticket, *, retry_seconds: float
+    ) -> endings.Finished:
+        """Commit one write's completion, batched with those finishing now: won or fenced
+        out, the calls it ended, and the calls it unblocked."""
+        slot = self._join(_Slot(completion, retry_seconds), ticket)
+        return endings.Finished(slot.finished, slot.successors, won=slot.ended)
+
+    def _join(self, slot: _Slot, ticket: Ticket) -> _Slot:
         with self._cond:
             self._pending.append(slot)
             self._leave(ticket)
@@ -92,13 +109,13 @@ class GroupCommit:
             self._leading = True
             self._cond.notify_all()
         if lead:
-            self._lead(retry_seconds)
+            self._lead()
         slot.done.wait()
         if slot.error is not None:
             raise slot.error
-        return slot.ended, slot.successors
+        return slot
 
-    def _lead(self, retry_seconds: float) -> None:
+    def _lead(self) -> None:
         deadline = time.monotonic() + self.window_seconds
         with self._cond:
             while (
@@ -109,29 +126,66 @@ class GroupCommit:
                 self._cond.wait(left)
             batch, self._pending = self._pending, []
             self._leading = False
-        _flush(self.engine, batch, retry_seconds)
+        _flush(self.engine, batch)
 
 
-def _flush(engine: Engine, batch: Sequence[_Slot], retry_seconds: float) -> None:
+def _flush(engine: Engine, batch: Sequence[_Slot]) -> None:
+    reads = [s for s in batch if isinstance(s.ending, endings.Ending)]
+    writes = [s for s in batch if isinstance(s.ending, completions.Completion)]
+    for kind, run in ((reads, _end_reads), (writes, _complete_writes)):
+        if kind:
+            # Retried as long as the most patient of its deliveries would retry alone (a
+            # write's result exists nowhere else while its lease may still be its own).
+            _flush_kind(engine, kind, max(s.retry_seconds for s in kind), run)
+
+
+_Run = Callable[[Engine, Sequence[_Slot], float], None]
+
+
+def _flush_kind(engine: Engine, batch: Sequence[_Slot], retry_seconds: float, run: _Run) -> None:
     try:
         try:
-            done = endings.end_reads(engine, [s.ending for s in batch], retry_seconds=retry_seconds)
+            run(engine, batch, retry_seconds)
         except UnstorableValue:
             if len(batch) == 1:
                 raise
             for slot in batch:  # one row no retry can store: the others end on their own
-                _flush(engine, [slot], retry_seconds)
+                _flush_kind(engine, [slot], retry_seconds, run)
             return
-        # Successors of the batch are dispatched once, by its first delivery.
-        for i, slot in enumerate(batch):
-            slot.ended = done.ended(slot.ending)
-            slot.successors = list(done.successors) if i == 0 else []
+        for slot in batch:
             slot.done.set()
     except BaseException as exc:
         for slot in batch:
             if not slot.done.is_set():
                 slot.error = exc
                 slot.done.set()
+
+
+def _end_reads(engine: Engine, batch: Sequence[_Slot], retry_seconds: float) -> None:
+    done = endings.end_reads(
+        engine,
+        [s.ending for s in batch if isinstance(s.ending, endings.Ending)],
+        retry_seconds=retry_seconds,
+    )
+    # Successors of the batch are dispatched once, by its first delivery.
+    for i, slot in enumerate(batch):
+        assert isinstance(slot.ending, endings.Ending)
+        slot.ended = done.ended(slot.ending)
+        slot.successors = list(done.successors) if i == 0 else []
+
+
+def _complete_writes(engine: Engine, batch: Sequence[_Slot], retry_seconds: float) -> None:
+    done = completions.complete_many(
+        engine,
+        [s.ending for s in batch if isinstance(s.ending, completions.Completion)],
+        retry_seconds=retry_seconds,
+    )
+    for i, slot in enumerate(batch):
+        assert isinstance(slot.ending, completions.Completion)
+        finished = done.finished(slot.ending)
+        slot.ended = finished is not None
+        slot.finished = finished or 0
+        slot.successors = list(done.successors) if i == 0 else []
 
 
 # The batch every delivery of one engine (one worker process) joins.

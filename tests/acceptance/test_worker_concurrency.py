@@ -106,6 +106,38 @@ def test_sigkill_with_k_writes_in_flight_loses_none_and_duplicates_none(
     assert [requests_for(engine, k) for k in keys] == [2] * K  # sent twice, applied once
 
 
+def test_sigkill_with_write_completions_buffered_loses_none_and_duplicates_none(
+    start, make_producer, engine
+):
+    """A write whose handler returned waits in its process's batch for the write still
+    running beside it (a long commit window); SIGKILL then. Neither completion was sent:
+    both writes are taken over, sent again with their keys, and applied once."""
+    s = start(
+        workers=1,
+        CALLGATE_WORKER_CONCURRENCY="2",
+        CALLGATE_WORKER_COMMIT_WINDOW_MS="30000",
+        CALLGATE_DEMO_DELAY_MS="refund_payment=0:60000",  # stalls after its write
+    )
+    producer = make_producer()
+    (slow,) = _submit_each(
+        producer, "refund_payment", [{"order_id": "O-17", "amount": 1000, "currency": "KRW"}]
+    )
+    slow_key = key_of(engine, slow.calls[0].operation_id)
+    wait_until(lambda: effects_for(engine, slow_key) == 1, what="the slow write applied")
+    (fast,) = _submit_each(producer, "send_email", [{"to": "u@x.test", "template": "hi"}])
+    fast_key = key_of(engine, fast.calls[0].operation_id)
+    wait_until(lambda: effects_for(engine, fast_key) == 1, what="the fast write applied")
+    s.signal("worker-1", signal.SIGKILL)
+    s.procs["worker-1"].wait()
+    # Its handler had returned; its completion was still in the batch, never sent.
+    assert _ended(engine, _refs([slow, fast])) == []
+    worker_without_delay(s, "worker-2")
+
+    _all_succeeded(producer, [slow, fast])
+    assert [effects_for(engine, k) for k in (slow_key, fast_key)] == [1, 1]
+    assert [requests_for(engine, k) for k in (slow_key, fast_key)] == [2, 2]  # applied once
+
+
 def test_sigterm_finishes_the_calls_in_flight_and_takes_no_more(start, make_producer, engine, env):
     s = start(
         workers=1,

@@ -243,19 +243,17 @@ ROUND_TRIPS: dict[str, RoundTripSpec] = {
             # request id, which singles out this cell's read).
             "end read",
             "postgres",
-            _pg(r"jsonb_to_recordset", WORKER, lambda ids: re.escape(ids.request_id)),
+            _pg(r"AS e\(id uuid, status text", WORKER, lambda ids: re.escape(ids.request_id)),
         ),
         RoundTripSpec(
             "complete (keyed write)",
             "postgres",
-            _pg(r"SET state = \$\d+,\s+result = CASE", WORKER, lambda ids: re.escape(ids.keyed_op)),
+            _pg(r"SET state = w\.op_state", WORKER, lambda ids: re.escape(ids.keyed_op)),
         ),
         RoundTripSpec(
             "complete (unkeyed write)",
             "postgres",
-            _pg(
-                r"SET state = \$\d+,\s+result = CASE", WORKER, lambda ids: re.escape(ids.unkeyed_op)
-            ),
+            _pg(r"SET state = w\.op_state", WORKER, lambda ids: re.escape(ids.unkeyed_op)),
         ),
         RoundTripSpec(
             "dispatch next write",

@@ -8,12 +8,11 @@ own transaction), so the counts are exactly theirs.
 
 from __future__ import annotations
 
-import json
 import uuid
 
 from sqlalchemy import Connection, Engine, text
 
-from callgate.store import endings, reservations
+from callgate.store import completions, endings, reservations
 
 from .test_reservations import _record, _scalar
 
@@ -46,21 +45,17 @@ def test_reserve_and_complete_update_their_rows_in_place(engine: Engine) -> None
                 "detail": "{}",
             },
         ).scalar_one()
+        one = completions.Completion(
+            reservations.Lease(p.operation_id, owner, generation, "intent-1"),
+            "succeeded",
+            endings.result_body("succeeded", {"sent": True}),
+            {},
+        )
         finished = conn.execute(
-            text(reservations.COMPLETE_SQL),
-            {
-                "operation_id": p.operation_id,
-                "owner_token": owner,
-                "generation": generation,
-                "intent_hash": "intent-1",
-                "op_state": "succeeded",
-                "status": "succeeded",
-                "body": endings.result_body("succeeded", {"sent": True}),
-                "event": "completed",
-                "detail": json.dumps({}),
-            },
+            text(completions.COMPLETE_MANY_SQL),
+            {"completions": completions.document([one])},
         ).one()
-        assert (finished.won, finished.finished) == (1, 1)
+        assert (len(finished.won), finished.finished) == (1, 1)
         calls = _counts(conn, "calls")
         operations = _counts(conn, "operations")
     # The operation: pending → in_progress → succeeded, both in place (no index reads

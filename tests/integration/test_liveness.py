@@ -18,7 +18,7 @@ from callgate.core.errors import StaleFence, UnstorableValue
 from callgate.core.types import CallContext, ProposedCall
 from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
-from callgate.store import endings, reservations, sweeps, turns
+from callgate.store import completions, endings, reservations, sweeps, turns
 from callgate.tools.registry import ExecutionContext
 from callgate.worker.heartbeat import Heartbeat
 from tests.acceptance.conftest import wait_until
@@ -235,7 +235,7 @@ def test_completion_locks_the_calls_before_the_operation(engine: Engine) -> None
         )
         completing = threading.Thread(
             target=lambda: outcome.append(
-                reservations.complete(engine, lease, status="succeeded", payload={"ok": 1})
+                completions.complete(engine, lease, status="succeeded", payload={"ok": 1})
             )
         )
         completing.start()
@@ -276,9 +276,9 @@ def test_a_result_postgres_cannot_store_raises_and_changes_nothing(engine: Engin
     lease = reservations.Lease(p.operation_id, owner, reserved.generation, "intent-1")
     for payload in ({"text": "a\x00b"}, {"n": float("nan")}):
         with pytest.raises(UnstorableValue):
-            reservations.complete(engine, lease, status="succeeded", payload=payload)
+            completions.complete(engine, lease, status="succeeded", payload=payload)
     assert _scalar(engine, "SELECT state FROM callgate.calls WHERE id = :r", r=p.ref) == "started"
-    done = reservations.complete(engine, lease, status="succeeded", payload={"text": "ok"})
+    done = completions.complete(engine, lease, status="succeeded", payload={"text": "ok"})
     assert done.won and done.finished == 1
 
 

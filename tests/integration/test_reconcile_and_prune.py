@@ -16,7 +16,7 @@ from callgate.core.errors import ErrorCode, InputError, ReconciliationError
 from callgate.core.types import CallContext, ProposedCall
 from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
-from callgate.store import api_keys, db, reconciliation, reservations, retention, turns
+from callgate.store import api_keys, completions, db, reconciliation, reservations, retention, turns
 
 CTX = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 OTHER = CallContext(request_id="r", tenant_id="tenant-b", user_id="user-42", roles=("support",))
@@ -89,7 +89,7 @@ def _in_doubt(engine: Engine, ctx: CallContext = CTX) -> turns.PlannedCall:
 
 def _finish(engine: Engine, p: turns.PlannedCall) -> None:
     lease = _reserve(engine, p, lease=30)
-    done = reservations.complete(engine, lease, status="succeeded", payload={"content": {}})
+    done = completions.complete(engine, lease, status="succeeded", payload={"content": {}})
     assert done.won
 
 

@@ -11,7 +11,7 @@ from sqlalchemy import Engine, text
 from callgate.core.types import CallContext, ProposedCall
 from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
-from callgate.store import reservations, turns
+from callgate.store import completions, reservations, turns
 
 CTX = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 
@@ -84,12 +84,12 @@ def test_expired_lease_is_taken_over_and_the_old_owner_cannot_complete(engine: E
     stale = reservations.Lease(p.operation_id, a, 1, "intent-1")
     with engine.connect() as conn:
         assert reservations.renew(conn, stale, 30) is False
-    lost = reservations.complete(engine, stale, status="succeeded", payload={"by": "a"})
+    lost = completions.complete(engine, stale, status="succeeded", payload={"by": "a"})
     assert not lost.won and lost.finished == 0
     assert _scalar(engine, "SELECT state FROM callgate.calls WHERE id = :r", r=p.ref) == "started"
 
     fresh = reservations.Lease(p.operation_id, b, 2, "intent-1")
-    won = reservations.complete(engine, fresh, status="succeeded", payload={"by": "b"})
+    won = completions.complete(engine, fresh, status="succeeded", payload={"by": "b"})
     assert won.won and won.finished == 1
     assert (
         _scalar(engine, "SELECT result #>> '{data,by}' FROM callgate.calls WHERE id = :r", r=p.ref)
@@ -97,7 +97,7 @@ def test_expired_lease_is_taken_over_and_the_old_owner_cannot_complete(engine: E
     )
     assert _scalar(engine, "SELECT count(*) FROM callgate.outbox WHERE call_ref = :r", r=p.ref) == 1
     # A second completion by the winner is also refused: the operation is no longer in progress.
-    assert not reservations.complete(engine, fresh, status="succeeded", payload={"by": "b"}).won
+    assert not completions.complete(engine, fresh, status="succeeded", payload={"by": "b"}).won
 
 
 def test_same_operation_with_a_different_intent_is_a_conflict(engine: Engine) -> None:

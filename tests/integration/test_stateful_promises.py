@@ -1,8 +1,8 @@
 """The two promises under interleavings: a Hypothesis state machine drives the store's own
-guarantee functions (record, reserve, renew, complete, reuse, the sweeper) on one database,
-with owners that die (stop renewing: their lease really expires) and wire faults on the
-statements (tests/faults: a cut before send, a lost reply, refused connects). After every
-step it checks, from the database's own rows:
+guarantee functions (record, reserve, renew, complete alone and in batches, reuse, the
+sweeper) on one database, with owners that die (stop renewing: their lease really expires)
+and wire faults on the statements (tests/faults: a cut before send, a lost reply, refused
+connects). After every step it checks, from the database's own rows:
 
 - every ended call has exactly one terminal result (its result and one outbox row), and an
   open call none;
@@ -38,7 +38,7 @@ from sqlalchemy import Engine
 from callgate.core.types import CallContext, ProposedCall
 from callgate.daemons import sweeper
 from callgate.queue import transport
-from callgate.store import db, reservations, turns
+from callgate.store import completions, db, reservations, turns
 from tests.faults import tools
 from tests.faults.core import CUT, LOSE_REPLY, REFUSE
 from tests.faults.pgproxy import PgProxy, sql_fault
@@ -50,7 +50,7 @@ TERMINAL = ("succeeded", "failed_retryable", "failed_terminal")
 PICK = st.integers(min_value=0, max_value=1_000)  # an index into whatever exists then
 STATEMENTS = {
     "reserve": r"reserved_from = state",
-    "complete": r"SET state = \$\d+,\s+result = CASE",
+    "complete": r"SET state = w\.op_state",
     "renew": r"FOR UPDATE OF o",
     "record": r"^\s*COMMIT\b",
 }
@@ -218,7 +218,7 @@ def machine(world: World) -> type[RuleBasedStateMachine]:
 
         def _complete(self, owner: Owner, status: str, payload: dict[str, Any]) -> None:
             try:
-                reservations.complete(world.store, owner.lease, status=status, payload=payload)
+                completions.complete(world.store, owner.lease, status=status, payload=payload)
             except Exception:
                 return  # out of retries: the owner keeps its lease until it expires
             owner.alive = False
@@ -233,6 +233,32 @@ def machine(world: World) -> type[RuleBasedStateMachine]:
                 self._complete(owner, "succeeded", {"ok": True})
             elif outcome == "failed_retryable":
                 self._complete(owner, "failed_retryable", {"code": "upstream_unavailable"})
+
+        @rule(picks=st.lists(PICK, min_size=2, max_size=4))
+        def complete_together(self, picks: list[int]) -> None:
+            """Owners finishing together: one batch, each row fenced on its own lease (a
+            worker's group commit), stale owners included."""
+            live = self._live()
+            if not live:
+                return
+            chosen = {id(o): o for o in (live[p % len(live)] for p in picks)}.values()
+            batch = [
+                (
+                    o,
+                    completions.completion(o.lease, "succeeded", {"ok": True})
+                    if o.applied
+                    else completions.completion(
+                        o.lease, "failed_retryable", {"code": "upstream_unavailable"}
+                    ),
+                )
+                for o in chosen
+            ]
+            try:
+                completions.complete_many(world.store, [c for _, c in batch])
+            except Exception:
+                return  # out of retries: each owner keeps its lease until it expires
+            for o, _ in batch:
+                o.alive = False
 
         @rule()
         def renew(self) -> None:

@@ -15,7 +15,7 @@ from callgate.daemons import sweeper
 from callgate.ops.lab.demo.tools import demo_registry
 from callgate.producer.planning import plan
 from callgate.queue import transport
-from callgate.store import approvals, db, migrate, reservations, turns
+from callgate.store import approvals, completions, db, migrate, reservations, turns
 
 A = CallContext(request_id="r", tenant_id="tenant-a", user_id="user-17", roles=("support",))
 B = CallContext(request_id="r", tenant_id="tenant-b", user_id="user-42", roles=("support",))
@@ -170,7 +170,7 @@ def test_a_refusal_never_ends_a_call_a_delivery_has_started(engine: Engine) -> N
     )
     assert refused.finished == 0
     lease = reservations.Lease(p.operation_id, owner, reserved.generation, "intent-1")
-    done = reservations.complete(engine, lease, status="succeeded", payload={"ok": True})
+    done = completions.complete(engine, lease, status="succeeded", payload={"ok": True})
     assert done.won and done.finished == 1
 
 

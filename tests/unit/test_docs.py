@@ -114,7 +114,7 @@ def test_the_guarantee_statements_are_quoted() -> None:
         "callgate.store.endings.END_READS_SQL",
         "callgate.store.reservations.RESERVE_SQL",
         "callgate.store.reservations.RENEW_SQL",
-        "callgate.store.reservations.COMPLETE_SQL",
+        "callgate.store.completions.COMPLETE_MANY_SQL",
         "callgate.store.reservations.CONCLUDE_SQL",
         "callgate.store.reservations.ABANDON_SQL",
         "callgate.store.sweeps.DUE_SQL",
