@@ -248,15 +248,19 @@ def seed(engine: Engine, calls: int) -> tuple[str, list[str]]:
 
 def seed_refunds(engine: Engine, calls: int) -> tuple[str, list[tuple[str, str, str, int]]]:
     """``seed``, and each call's refund as ``refund``'s arguments: the same refunds as
-    callgate's write scenario and bare RQ's, one new order per turn of ``TURN`` calls (so
-    turns do not queue on one payment row, and the calls of a turn do), amounts 1, 2, …"""
+    callgate's write scenario and bare RQ's, one new order per turn of ``TURN`` calls,
+    amounts 1, 2, … Listed turn by turn in rotation (the first refund of every turn, then
+    the second, …), as callgate runs them: a turn's writes one after another, the turns side
+    by side. Listed turn after turn instead, K threads would take K refunds of one payment
+    at once and wait on its row lock, a limit of the list's order, not of the work."""
     run, call_ids = seed(engine, calls)
-    plan: list[tuple[str, str, str, int]] = []
+    turns: list[list[tuple[str, str, str, int]]] = []
     for t, start in enumerate(range(0, calls, TURN)):
         payment = f"pay-{new_order(engine, f'min{t}')}"
-        plan += [
-            (call_ids[i], TENANT, payment, 1 + i) for i in range(start, min(calls, start + TURN))
-        ]
+        turns.append(
+            [(call_ids[i], TENANT, payment, 1 + i) for i in range(start, min(calls, start + TURN))]
+        )
+    plan = [turn[n] for n in range(TURN) for turn in turns if n < len(turn)]
     return run, plan
 
 
