@@ -97,6 +97,10 @@ class Ids:
         )
 
 
+# A write's completion: alone (``COMPLETE_SQL``) or in a batch (``COMPLETE_MANY_SQL``).
+COMPLETE = r"SET state = (?:w\.op_state|\$\d+,\s+result = CASE)"
+
+
 def _pg(pattern: str, application: str, params: Callable[[Ids], str] | None = None) -> Any:
     def build(kind: FaultKind, seconds: float, ids: Ids) -> Fault:
         return sql_fault(
@@ -248,12 +252,12 @@ ROUND_TRIPS: dict[str, RoundTripSpec] = {
         RoundTripSpec(
             "complete (keyed write)",
             "postgres",
-            _pg(r"SET state = w\.op_state", WORKER, lambda ids: re.escape(ids.keyed_op)),
+            _pg(COMPLETE, WORKER, lambda ids: re.escape(ids.keyed_op)),
         ),
         RoundTripSpec(
             "complete (unkeyed write)",
             "postgres",
-            _pg(r"SET state = w\.op_state", WORKER, lambda ids: re.escape(ids.unkeyed_op)),
+            _pg(COMPLETE, WORKER, lambda ids: re.escape(ids.unkeyed_op)),
         ),
         RoundTripSpec(
             "dispatch next write",

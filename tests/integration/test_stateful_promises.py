@@ -50,7 +50,7 @@ TERMINAL = ("succeeded", "failed_retryable", "failed_terminal")
 PICK = st.integers(min_value=0, max_value=1_000)  # an index into whatever exists then
 STATEMENTS = {
     "reserve": r"reserved_from = state",
-    "complete": r"SET state = w\.op_state",
+    "complete": r"SET state = (?:w\.op_state|\$\d+,\s+result = CASE)",
     "renew": r"FOR UPDATE OF o",
     "record": r"^\s*COMMIT\b",
 }

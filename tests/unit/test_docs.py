@@ -115,6 +115,7 @@ def test_the_guarantee_statements_are_quoted() -> None:
         "callgate.store.reservations.RESERVE_SQL",
         "callgate.store.reservations.RENEW_SQL",
         "callgate.store.completions.COMPLETE_MANY_SQL",
+        "callgate.store.completions.COMPLETE_SQL",
         "callgate.store.reservations.CONCLUDE_SQL",
         "callgate.store.reservations.ABANDON_SQL",
         "callgate.store.sweeps.DUE_SQL",
