@@ -14,7 +14,7 @@ from callgate.core.errors import CallgateError
 from callgate.ops.lab import replicated
 from callgate.ops.lab.bench import statements
 from callgate.ops.lab.bench.statements import Reading
-from callgate.store import db, endings, outbox, reservations, turns
+from callgate.store import completions, db, endings, outbox, reservations, turns
 
 
 def as_postgres_keeps_it(sql: str) -> str:
@@ -36,7 +36,8 @@ def as_postgres_keeps_it(sql: str) -> str:
     [
         (endings.END_READS_SQL, "endings.END_READS"),
         (reservations.RESERVE_SQL, "reservations.RESERVE"),
-        (reservations.COMPLETE_SQL, "reservations.COMPLETE"),
+        (completions.COMPLETE_SQL, "completions.COMPLETE"),
+        (completions.COMPLETE_MANY_SQL, "completions.COMPLETE_MANY"),
         (outbox.MARK_SQL, "outbox.MARK"),
         (turns.INSERT_OPERATIONS_SQL, "turns.INSERT_OPERATIONS"),
     ],
