@@ -234,7 +234,7 @@ WORKER_CONCURRENCY = Gauge(
 )
 WORKER_IN_FLIGHT = Gauge(
     "callgate_worker_calls_in_flight",
-    "Calls this worker process is running now.",
+    "Calls this worker process is running now (in their handler; not those committing).",
 )
 
 

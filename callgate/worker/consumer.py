@@ -7,8 +7,11 @@ and the sweeper dispatches again whatever is lost. The queue stays RQ's (produce
 with ``Queue.enqueue_many``; ``rq info`` shows the queue and these workers); this consumer
 reads it with two Redis round trips per batch of jobs and deletes each job as it takes it.
 
-Each call runs on a thread of its own, up to ``concurrency`` at once, with its own lease,
-heartbeat, fence and completion. ``stop()`` (SIGTERM) stops taking calls and waits for the
+Each call runs on a thread of its own, with its own lease, heartbeat, fence and completion;
+up to ``concurrency`` handlers run at once. A call whose handler has returned gives its slot
+to the next call while its ending commits (batched with others, a few milliseconds): with
+slow tools a slot would otherwise sit idle for that commit, then for the take and load of
+the call after it, on every call. ``stop()`` (SIGTERM) stops taking calls and waits for the
 ones in flight up to a grace period; a SIGKILL loses nothing that Postgres does not still
 know about.
 """
@@ -16,6 +19,7 @@ know about.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -61,8 +65,10 @@ class Consumer:
         self.burst = burst
         self.grace_seconds = grace_seconds
         self.queue_key = rt.queue.key
-        self.in_flight = 0
+        self.in_flight = 0  # deliveries begun and not finished, their endings' commits included
         self.done = 0
+        # Job ids of the deliveries holding a slot: taken, and the ending not yet handed in.
+        self._handling: set[str] = set()
         self._slots = threading.Condition()
         self._stopping = threading.Event()
         self._stop_requested_at: float | None = None
@@ -107,7 +113,9 @@ class Consumer:
         # stack, an operator's `rq info`) finds its liveness key there too.
         self._liveness.start()
         self._registration.register_birth()  # type: ignore[no-untyped-call]
-        pool = ThreadPoolExecutor(self.concurrency, thread_name_prefix="call")
+        # A thread for each slot, and one for each ending still committing after its slot
+        # went to the next call.
+        pool = ThreadPoolExecutor(self.threads, thread_name_prefix="call")
         next_heartbeat = time.monotonic() + REGISTRATION_HEARTBEAT_SECONDS
         try:
             while not self._stopping.is_set():
@@ -133,9 +141,11 @@ class Consumer:
                     with self._slots:
                         self.in_flight += 1
                         self._running.add(job_id)
+                        self._handling.add(job_id)
                     metrics.WORKER_IN_FLIGHT.inc()
                     # Counted from now: a read that ends first waits (briefly) for these.
                     ticket = self._endings.enter()
+                    ticket.on_handed = functools.partial(self._release, job_id)
                     pool.submit(self._run_one, job_id, ref, loaded.get(ref), ticket)
                 if time.monotonic() >= next_heartbeat:
                     with contextlib.suppress(RedisError):
@@ -152,22 +162,39 @@ class Consumer:
                 self._liveness.stop(self._pop_returned())
                 self._registration.register_death()  # type: ignore[no-untyped-call]
 
+    @property
+    def threads(self) -> int:
+        return 2 * self.concurrency
+
+    def _free(self) -> int:
+        """Slots free now (caller holds ``_slots``)."""
+        return min(self.concurrency - len(self._handling), self.threads - self.in_flight)
+
+    def _release(self, job_id: str) -> None:
+        """The delivery's handler is done: its slot goes to the next call (once)."""
+        with self._slots:
+            held = job_id in self._handling
+            self._handling.discard(job_id)
+            self._slots.notify_all()
+        if held:
+            metrics.WORKER_IN_FLIGHT.dec()  # slots busy, not endings still committing
+
     def _wait_for_free_slot(self) -> int:
         with self._slots:
-            while self.in_flight >= self.concurrency and not self._stopping.is_set():
+            while self._free() <= 0 and not self._stopping.is_set():
                 self._slots.wait(POLL_SECONDS)
             # Busy: let more slots free, briefly, so that one take, one load and one ending
             # statement serve several calls instead of one each.
             deadline = time.monotonic() + GATHER_SECONDS
             want = max(1, self.concurrency // 2)
             while (
-                self.in_flight > 0
-                and self.concurrency - self.in_flight < want
+                self._handling
+                and self._free() < want
                 and not self._stopping.is_set()
                 and (left := deadline - time.monotonic()) > 0
             ):
                 self._slots.wait(left)
-            return 0 if self._stopping.is_set() else self.concurrency - self.in_flight
+            return 0 if self._stopping.is_set() else self._free()
 
     def _take(self, count: int) -> list[tuple[str, uuid.UUID]]:
         """Up to ``count`` (job id, call ref): whatever is queued now, else wait briefly for
@@ -287,7 +314,7 @@ class Consumer:
         finally:
             if ticket is not None:
                 self._endings.leave(ticket)
-            metrics.WORKER_IN_FLIGHT.dec()
+            self._release(job_id)
             with self._slots:
                 self._running.discard(job_id)
                 self._returned.append(job_id)

@@ -37,9 +37,11 @@ WINDOW_SECONDS = 0.002
 
 @dataclass
 class Ticket:
-    """One delivery's place among those a leader waits for."""
+    """One delivery's place among those a leader waits for. ``on_handed``, if set, is called
+    once its ending is handed in: the delivery's handler is done, only the commit is left."""
 
     active: bool = True
+    on_handed: Callable[[], None] | None = None
 
 
 @dataclass
@@ -108,6 +110,9 @@ class GroupCommit:
             lead = not self._leading
             self._leading = True
             self._cond.notify_all()
+        if ticket.on_handed is not None:
+            handed, ticket.on_handed = ticket.on_handed, None
+            handed()
         if lead:
             self._lead()
         slot.done.wait()

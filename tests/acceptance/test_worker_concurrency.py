@@ -17,6 +17,7 @@ from tests.acceptance.conftest import (
     effects_for,
     handler_intervals,
     requests_for,
+    scalar,
     wait_until,
 )
 from tests.acceptance.private_stack import (
@@ -136,6 +137,44 @@ def test_sigkill_with_write_completions_buffered_loses_none_and_duplicates_none(
     _all_succeeded(producer, [slow, fast])
     assert [effects_for(engine, k) for k in (slow_key, fast_key)] == [1, 1]
     assert [requests_for(engine, k) for k in (slow_key, fast_key)] == [2, 2]  # applied once
+
+
+def test_a_slot_goes_to_the_next_call_while_an_ending_commits(start, make_producer, engine):
+    """K = 1: the first read's ending is held on a row lock after its handler returned; the
+    second read is taken, runs and ends meanwhile. (Before, the slot stayed with the first
+    read until its ending committed, and the second waited for the lock's release.)"""
+    start(
+        workers=1,
+        sweeper=False,
+        CALLGATE_WORKER_CONCURRENCY="1",
+        CALLGATE_DEMO_DELAY_MS="get_stock=1000",
+    )
+    producer = make_producer()
+    (first,) = _submit_each(producer, "get_stock", [{"symbol": "FIRST"}])
+    state = "SELECT state FROM callgate.calls WHERE id = :r"
+    with engine.connect() as holder:
+        holder.execute(
+            text("SELECT state FROM callgate.calls WHERE id = :r FOR UPDATE"),
+            {"r": first.calls[0].ref},
+        )
+        assert scalar(engine, state, r=first.calls[0].ref) == "proposed"  # still running
+        # The first read's ending waits for this lock (its handler has returned).
+        wait_until(
+            lambda: scalar(
+                engine,
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE '%jsonb_to_recordset%' AND datname = current_database()",
+            ),
+            what="the first read's ending waiting on the row lock",
+        )
+        (second,) = _submit_each(producer, "get_stock", [{"symbol": "SECOND"}])
+        wait_until(
+            lambda: scalar(engine, state, r=second.calls[0].ref) == "succeeded",
+            what="the second read to end while the first read's ending waits",
+        )
+        assert scalar(engine, state, r=first.calls[0].ref) == "proposed"
+        holder.rollback()
+    _all_succeeded(producer, [first, second])
 
 
 def test_sigterm_finishes_the_calls_in_flight_and_takes_no_more(start, make_producer, engine, env):
