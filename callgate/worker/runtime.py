@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from types import ModuleType
 
 import redis
 from rq import Queue
@@ -23,13 +22,6 @@ from callgate.store import db
 from callgate.store.db import Engine
 from callgate.store.tool_catalog import MCP_SOURCE_PREFIX
 from callgate.tools import registry as tool_registry
-
-mcp_hub: ModuleType | None
-try:  # the mcp extra: without it a worker runs its own tools, and refuses an MCP config
-    from callgate.worker.mcp import hub as mcp_hub
-except ImportError as exc:
-    mcp_hub = None
-    MCP_MISSING = exc.name
 
 # Connections of a worker process: K + 2 up to K = 8 (a call's statements never wait), at
 # most POOL_CONNECTIONS + 2 above (the lease renewals and the consumer's own statements).
@@ -111,11 +103,14 @@ def load_registry(settings: Settings) -> tuple[tool_registry.Registry, dict[str,
     ``CALLGATE_ALLOWLIST`` applied; and each MCP tool's source (``mcp:SERVER``)."""
     if not settings.mcp_config:
         return tool_registry.load(settings.tools, settings.allowlist), {}
-    if mcp_hub is None:
+    # Imported only here: the MCP SDK is nearly half of a worker's start-up imports.
+    try:  # the mcp extra: without it a worker runs its own tools, and refuses an MCP config
+        from callgate.worker.mcp import hub as mcp_hub
+    except ImportError as exc:
         raise ConfigurationError(
-            f"CALLGATE_MCP_CONFIG is set but the MCP SDK is missing ({MCP_MISSING}): "
+            f"CALLGATE_MCP_CONFIG is set but the MCP SDK is missing ({exc.name}): "
             "pip install 'callgate[mcp]'"
-        )
+        ) from None
     registry, servers = mcp_hub.with_mcp_tools(tool_registry.load(settings.tools), settings)
     sources = {
         name: f"{MCP_SOURCE_PREFIX}{server}" for server, names in servers.items() for name in names
