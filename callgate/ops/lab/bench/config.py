@@ -40,10 +40,19 @@ class Config:
 
     @property
     def io_calls(self) -> int:
-        """100 ms tools: enough calls to keep every worker busy for a few seconds at one
-        call in flight per process, without making the run take minutes (bare RQ sleeps
-        through them one at a time); a quick run's fill W = 1 × K = 32 slots twice."""
-        return min(self.calls, 64 if self.quick else 320)
+        """100 ms tools, for callgate and the threaded ceiling: a quick run's fill W = 1 ×
+        K = 32 slots twice; a full run's last over a second at W = 2's bound of 640/s.
+        Every system's window opens at its first call and closes at its last, so it holds
+        the moment its second process joins: on this 2-core machine the processes of one
+        run took their first calls 50–200 ms apart. At 320 calls (half a second at the
+        bound) that alone moved a run's figure by up to a third."""
+        return min(self.calls, 64 if self.quick else 1000)
+
+    @property
+    def bare_io_calls(self) -> int:
+        """100 ms tools for bare RQ: one job at a time per process, so its rate is W / 0.1 s
+        whatever the count, and each call costs it a tenth of a second."""
+        return min(self.io_calls, 32 if self.quick else 64)
 
     @property
     def redelivery_calls(self) -> int:
@@ -71,6 +80,7 @@ class Config:
             "indicative_only": self.indicative_why is not None,
             "indicative_why": self.indicative_why,
             "io_calls": self.io_calls,
+            "bare_io_calls": self.bare_io_calls,
             "io_delay_ms": IO_DELAY_MS,
             "redelivery_calls": self.redelivery_calls,
             "latency_turns": self.latency_turns,

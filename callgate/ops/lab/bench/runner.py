@@ -141,7 +141,7 @@ class Bench:
                 elif scenario == "write":
                     jobs = bare.refunds(s, calls)
                 else:
-                    jobs = bare.sleeps(calls, IO_DELAY_MS)
+                    jobs = bare.sleeps(cfg.bare_io_calls, IO_DELAY_MS)
                 rate = bare.burst(s, jobs, workers=w)
             elif system == "rq_durable":
                 rate = bare.durable_burst(s, calls, workers=w).per_second()
