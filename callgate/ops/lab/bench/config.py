@@ -44,7 +44,7 @@ class Config:
         K = 32 slots twice; a full run's last over a second at W = 2's bound of 640/s.
         Every system's window opens at its first call and closes at its last, so it holds
         the moment its second process joins: on this 2-core machine the processes of one
-        run took their first calls 50–200 ms apart. At 320 calls (half a second at the
+        run took their first calls 10–200 ms apart. At 320 calls (half a second at the
         bound) that alone moved a run's figure by up to a third."""
         return min(self.calls, 64 if self.quick else 1000)
 
