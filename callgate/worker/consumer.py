@@ -179,6 +179,16 @@ class Consumer:
         if held:
             metrics.WORKER_IN_FLIGHT.dec()  # slots busy, not endings still committing
 
+    def _take_slot(self, job_id: str) -> None:
+        """Hold a slot again for a delivery made again (no-op if it still holds one)."""
+        with self._slots:
+            if job_id in self._handling:
+                return
+            while len(self._handling) >= self.concurrency:
+                self._slots.wait(POLL_SECONDS)
+            self._handling.add(job_id)
+        metrics.WORKER_IN_FLIGHT.inc()
+
     def _wait_for_free_slot(self) -> int:
         with self._slots:
             while self._free() <= 0 and not self._stopping.is_set():
@@ -288,6 +298,9 @@ class Consumer:
                     if attempt == 1:
                         executor.execute(self.rt, ref, loaded, ticket)
                     else:
+                        # Its slot may have gone to another call with its ending: the
+                        # handler may run again, so it waits for a slot of its own.
+                        self._take_slot(job_id)
                         executor.execute(self.rt, ref)
                     break
                 except Exception as exc:
