@@ -9,6 +9,7 @@ downstream rows, the call's and operation's rows; never a returned value.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 import uuid
@@ -286,3 +287,94 @@ def test_no_free_pooled_connection_is_an_outage_not_a_bug(database_url: str) -> 
         assert db.is_transient(caught.value), caught.value
     finally:
         engine.dispose()
+
+
+class HoldArgs(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    token: str
+    hold: float
+
+
+def test_a_read_delivered_again_after_an_outage_waits_for_a_slot(
+    database_url: str, redis_url: str, queue_name: str, pg_proxy: PgProxy
+) -> None:
+    """K = 1. Read A's handler returns as PostgreSQL goes away for 13 s: its slot goes to
+    read B with its ending, the ending's retries run out (10 s), and the worker delivers A
+    again. B holds the slot until its handler is done; A's second run waits for it.
+    (Without the wait, A's second run overlapped B's: two handlers at K = 1.)"""
+    runs: list[tuple[str, float, float]] = []  # (token, started, ended), monotonic
+    shut: list[Callable[[], None]] = []
+
+    def probe(args: Any, ctx: ExecutionContext) -> dict[str, Any]:
+        started = time.monotonic()
+        time.sleep(args.hold)
+        if shut:
+            shut.pop()()
+        runs.append((args.token, started, time.monotonic()))
+        return {"token": args.token}
+
+    tool = Tool("probe", "A read.", HoldArgs, "read", probe, effect=READ_ONLY)
+    registry = Registry.of([tool], {"support": ["probe"]})
+    settings = Settings.from_env(
+        {
+            "CALLGATE_DATABASE_URL": database_url,
+            "CALLGATE_REDIS_URL": redis_url,
+            "CALLGATE_QUEUE": queue_name,
+            "CALLGATE_LEASE_SECONDS": "2",  # an ending is retried for a lease, at least 10 s
+        }
+    )
+    direct = db.create(database_url)
+    connection = transport.connect(redis_url)
+    producer = Producer(
+        settings=settings, engine=direct, redis_connection=connection, registry=registry
+    )
+    behind = db.create(
+        pg_proxy.url(database_url), pool_size=3, max_overflow=0, application_name="slot-worker"
+    )
+    rt = Runtime(
+        settings=settings,
+        engine=behind,
+        redis=redis.Redis.from_url(redis_url),
+        queue=transport.job_queue(connection, queue_name),
+        registry=registry,
+    )
+    consumer = Consumer(rt, concurrency=1, grace_seconds=5)
+    worker = threading.Thread(target=consumer.run, daemon=True)
+    worker.start()
+
+    def submit(token: str, hold: float) -> str:
+        turn = producer.submit(
+            [{"call_id": "c1", "tool_name": "probe", "arguments": {"token": token, "hold": hold}}],
+            CONTEXT,
+        )
+        return str(turn.calls[0].ref)
+
+    def state(ref: str) -> str:
+        with direct.connect() as conn:
+            return str(
+                conn.execute(
+                    text("SELECT state FROM callgate.calls WHERE id = :r"), {"r": ref}
+                ).scalar_one()
+            )
+
+    try:
+        down = threading.Event()
+        shut.append(lambda: (pg_proxy.shut_for(13.0, cut=True), down.set()))
+        a = submit("A", 0.2)
+        assert down.wait(10), "read A never ran"
+        b = submit("B", 5.0)  # taken into A's slot while A's ending meets the outage
+        deadline = time.monotonic() + 60
+        while {state(a), state(b)} != {"succeeded"} and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert (state(a), state(b)) == ("succeeded", "succeeded")
+    finally:
+        pg_proxy.open()
+        consumer.stop()
+        worker.join(30)
+        behind.dispose()
+        direct.dispose()
+    tokens = [token for token, _, _ in runs]
+    assert sorted(tokens) == ["A", "A", "B"], runs  # A was delivered again, once
+    ordered = sorted(runs, key=lambda r: r[1])
+    for (_, _, ended), (_, started, _) in itertools.pairwise(ordered):
+        assert started >= ended, ordered  # never two handlers at once
