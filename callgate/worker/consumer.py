@@ -69,6 +69,8 @@ class Consumer:
         self.done = 0
         # Job ids of the deliveries holding a slot: taken, and the ending not yet handed in.
         self._handling: set[str] = set()
+        self._taking = 0  # slots the take under way will fill
+        self._waiting = 0  # deliveries made again, waiting for a slot
         self._slots = threading.Condition()
         self._stopping = threading.Event()
         self._stop_requested_at: float | None = None
@@ -123,7 +125,7 @@ class Consumer:
                 if free == 0:
                     continue
                 try:
-                    refs = self._take(free)
+                    taken = self._start_calls(free, pool)
                 except RedisError as exc:
                     # Redis is down or restarting, or refuses for now (READONLY after a
                     # failover, OOM, loading): keep the calls in flight, try again. What Redis
@@ -131,22 +133,8 @@ class Consumer:
                     log.warning("cannot take calls from Redis (%s: %s); retrying", _name(exc), exc)
                     self._stopping.wait(POLL_SECONDS)
                     continue
-                if not refs:
-                    if self.burst and self.in_flight == 0:
-                        break
-                    continue
-                metrics.calls_taken(len(refs))
-                loaded = self._load([ref for _, ref in refs])
-                for job_id, ref in refs:
-                    with self._slots:
-                        self.in_flight += 1
-                        self._running.add(job_id)
-                        self._handling.add(job_id)
-                    metrics.WORKER_IN_FLIGHT.inc()
-                    # Counted from now: a read that ends first waits (briefly) for these.
-                    ticket = self._endings.enter()
-                    ticket.on_handed = functools.partial(self._release, job_id)
-                    pool.submit(self._run_one, job_id, ref, loaded.get(ref), ticket)
+                if not taken and self.burst and self.in_flight == 0:
+                    break
                 if time.monotonic() >= next_heartbeat:
                     with contextlib.suppress(RedisError):
                         self._registration.heartbeat()
@@ -162,13 +150,44 @@ class Consumer:
                 self._liveness.stop(self._pop_returned())
                 self._registration.register_death()  # type: ignore[no-untyped-call]
 
+    def _start_calls(self, free: int, pool: ThreadPoolExecutor) -> int:
+        """Take up to ``free`` calls and start each on ``pool``; how many were taken."""
+        try:
+            refs = self._take(free)
+            if refs:
+                metrics.calls_taken(len(refs))
+            loaded = self._load([ref for _, ref in refs])
+            for job_id, ref in refs:
+                with self._slots:
+                    self.in_flight += 1
+                    self._running.add(job_id)
+                    self._handling.add(job_id)
+                    self._taking -= 1
+                metrics.WORKER_IN_FLIGHT.inc()
+                # Counted from now: a read that ends first waits (briefly) for these.
+                ticket = self._endings.enter()
+                ticket.on_handed = functools.partial(self._release, job_id)
+                pool.submit(self._run_one, job_id, ref, loaded.get(ref), ticket)
+            return len(refs)
+        finally:
+            self._done_taking()
+
     @property
     def threads(self) -> int:
         return 2 * self.concurrency
 
     def _free(self) -> int:
-        """Slots free now (caller holds ``_slots``)."""
-        return min(self.concurrency - len(self._handling), self.threads - self.in_flight)
+        """Slots free now for calls off the queue (caller holds ``_slots``): a delivery made
+        again that waits for a slot has the next one."""
+        return min(
+            self.concurrency - len(self._handling) - self._waiting,
+            self.threads - self.in_flight,
+        )
+
+    def _done_taking(self) -> None:
+        with self._slots:
+            self._taking = 0
+            self._slots.notify_all()
 
     def _release(self, job_id: str) -> None:
         """The delivery's handler is done: its slot goes to the next call (once)."""
@@ -184,8 +203,12 @@ class Consumer:
         with self._slots:
             if job_id in self._handling:
                 return
-            while len(self._handling) >= self.concurrency:
-                self._slots.wait(POLL_SECONDS)
+            self._waiting += 1
+            try:
+                while len(self._handling) + self._taking >= self.concurrency:
+                    self._slots.wait(POLL_SECONDS)
+            finally:
+                self._waiting -= 1
             self._handling.add(job_id)
         metrics.WORKER_IN_FLIGHT.inc()
 
@@ -204,7 +227,12 @@ class Consumer:
                 and (left := deadline - time.monotonic()) > 0
             ):
                 self._slots.wait(left)
-            return 0 if self._stopping.is_set() else self._free()
+            if self._stopping.is_set():
+                return 0
+            # Kept for the take until its calls hold them (or it ends): a delivery made again
+            # waits for a slot, and must not take one this take is about to fill.
+            self._taking = self._free()
+            return self._taking
 
     def _take(self, count: int) -> list[tuple[str, uuid.UUID]]:
         """Up to ``count`` (job id, call ref): whatever is queued now, else wait briefly for
