@@ -45,7 +45,7 @@ class Config:
         Every system's window opens at its first call and closes at its last, so it holds
         the moment its second process joins: on this 2-core machine the processes of one
         run took their first calls 10–200 ms apart. At 320 calls (half a second at the
-        bound) that alone moved a run's figure by up to a third."""
+        bound) a gap of 166 ms alone took a quarter off a run's figure."""
         return min(self.calls, 64 if self.quick else 1000)
 
     @property
