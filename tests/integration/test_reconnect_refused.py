@@ -14,6 +14,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -132,44 +133,64 @@ class World:
             )
 
 
-@pytest.fixture
-def world(database_url: str, redis_url: str, queue_name: str, pg_proxy: PgProxy) -> Iterator[World]:
-    settings = Settings.from_env(
+def _settings(database_url: str, redis_url: str, queue_name: str, **extra: str) -> Settings:
+    return Settings.from_env(
         {
             "CALLGATE_DATABASE_URL": database_url,
             "CALLGATE_REDIS_URL": redis_url,
             "CALLGATE_QUEUE": queue_name,
+            **extra,
         }
     )
-    direct = db.create(database_url)
-    with direct.begin() as conn:
-        conn.execute(text("CREATE TABLE IF NOT EXISTS public.door_effects (token text NOT NULL)"))
-    hooks = Hooks()
-    registry = _registry(hooks, direct)
-    connection = transport.connect(redis_url)
+
+
+@contextmanager
+def _worker(
+    settings: Settings, registry: Registry, direct: Engine, pg_proxy: PgProxy, concurrency: int
+) -> Iterator[Producer]:
+    """A consumer of ``concurrency`` in this process, its engine behind the proxy; a producer
+    reaching PostgreSQL directly. On exit the proxy listens again and the consumer stops."""
+    connection = transport.connect(settings.require_redis())
     producer = Producer(
         settings=settings, engine=direct, redis_connection=connection, registry=registry
     )
     behind = db.create(
-        pg_proxy.url(database_url), pool_size=3, max_overflow=0, application_name="door-worker"
+        pg_proxy.url(settings.require_database()),
+        pool_size=3,
+        max_overflow=0,
+        application_name="door-worker",
     )
     rt = Runtime(
         settings=settings,
         engine=behind,
-        redis=redis.Redis.from_url(redis_url),
-        queue=transport.job_queue(connection, queue_name),
+        redis=redis.Redis.from_url(settings.require_redis()),
+        queue=transport.job_queue(connection, settings.queue),
         registry=registry,
     )
-    consumer = Consumer(rt, concurrency=2, grace_seconds=5)
+    consumer = Consumer(rt, concurrency=concurrency, grace_seconds=5)
     worker = threading.Thread(target=consumer.run, daemon=True)
     worker.start()
     try:
-        yield World(pg_proxy, direct, producer, hooks)
+        yield producer
     finally:
         pg_proxy.open()
         consumer.stop()
         worker.join(30)
         behind.dispose()
+
+
+@pytest.fixture
+def world(database_url: str, redis_url: str, queue_name: str, pg_proxy: PgProxy) -> Iterator[World]:
+    settings = _settings(database_url, redis_url, queue_name)
+    direct = db.create(database_url)
+    with direct.begin() as conn:
+        conn.execute(text("CREATE TABLE IF NOT EXISTS public.door_effects (token text NOT NULL)"))
+    hooks = Hooks()
+    registry = _registry(hooks, direct)
+    try:
+        with _worker(settings, registry, direct, pg_proxy, concurrency=2) as producer:
+            yield World(pg_proxy, direct, producer, hooks)
+    finally:
         direct.dispose()
 
 
@@ -315,39 +336,14 @@ def test_a_read_delivered_again_after_an_outage_waits_for_a_slot(
 
     tool = Tool("probe", "A read.", HoldArgs, "read", probe, effect=READ_ONLY)
     registry = Registry.of([tool], {"support": ["probe"]})
-    settings = Settings.from_env(
-        {
-            "CALLGATE_DATABASE_URL": database_url,
-            "CALLGATE_REDIS_URL": redis_url,
-            "CALLGATE_QUEUE": queue_name,
-            "CALLGATE_LEASE_SECONDS": "2",  # an ending is retried for a lease, at least 10 s
-        }
-    )
+    # An ending is retried for a lease, and at least for a statement's 10 s.
+    settings = _settings(database_url, redis_url, queue_name, CALLGATE_LEASE_SECONDS="2")
     direct = db.create(database_url)
-    connection = transport.connect(redis_url)
-    producer = Producer(
-        settings=settings, engine=direct, redis_connection=connection, registry=registry
-    )
-    behind = db.create(
-        pg_proxy.url(database_url), pool_size=3, max_overflow=0, application_name="slot-worker"
-    )
-    rt = Runtime(
-        settings=settings,
-        engine=behind,
-        redis=redis.Redis.from_url(redis_url),
-        queue=transport.job_queue(connection, queue_name),
-        registry=registry,
-    )
-    consumer = Consumer(rt, concurrency=1, grace_seconds=5)
-    worker = threading.Thread(target=consumer.run, daemon=True)
-    worker.start()
+    down = threading.Event()
 
-    def submit(token: str, hold: float) -> str:
-        turn = producer.submit(
-            [{"call_id": "c1", "tool_name": "probe", "arguments": {"token": token, "hold": hold}}],
-            CONTEXT,
-        )
-        return str(turn.calls[0].ref)
+    def restart() -> None:
+        pg_proxy.shut_for(13.0, cut=True)
+        down.set()
 
     def state(ref: str) -> str:
         with direct.connect() as conn:
@@ -358,20 +354,24 @@ def test_a_read_delivered_again_after_an_outage_waits_for_a_slot(
             )
 
     try:
-        down = threading.Event()
-        shut.append(lambda: (pg_proxy.shut_for(13.0, cut=True), down.set()))
-        a = submit("A", 0.2)
-        assert down.wait(10), "read A never ran"
-        b = submit("B", 5.0)  # taken into A's slot while A's ending meets the outage
-        deadline = time.monotonic() + 60
-        while {state(a), state(b)} != {"succeeded"} and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert (state(a), state(b)) == ("succeeded", "succeeded")
+        with _worker(settings, registry, direct, pg_proxy, concurrency=1) as producer:
+
+            def submit(token: str, hold: float) -> str:
+                arguments = {"token": token, "hold": hold}
+                turn = producer.submit(
+                    [{"call_id": "c1", "tool_name": "probe", "arguments": arguments}], CONTEXT
+                )
+                return str(turn.calls[0].ref)
+
+            shut.append(restart)
+            a = submit("A", 0.2)
+            assert down.wait(10), "read A never ran"
+            b = submit("B", 5.0)  # taken into A's slot while A's ending meets the outage
+            deadline = time.monotonic() + 60
+            while {state(a), state(b)} != {"succeeded"} and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert (state(a), state(b)) == ("succeeded", "succeeded")
     finally:
-        pg_proxy.open()
-        consumer.stop()
-        worker.join(30)
-        behind.dispose()
         direct.dispose()
     tokens = [token for token, _, _ in runs]
     assert sorted(tokens) == ["A", "A", "B"], runs  # A was delivered again, once
