@@ -231,7 +231,8 @@ class Consumer:
                 return 0
             # Kept for the take until its calls hold them (or it ends): a delivery made again
             # waits for a slot, and must not take one this take is about to fill.
-            self._taking = self._free()
+            # A delivery made again may have taken a slot while this waited: none may be left.
+            self._taking = max(0, self._free())
             return self._taking
 
     def _take(self, count: int) -> list[tuple[str, uuid.UUID]]:
