@@ -6,6 +6,10 @@
   asserted under a bound loose enough for a loaded 2-core machine), and a 46th wait of the
   key, past ``CALLGATE_API_MAX_WAITS_PER_KEY``, is refused ``429 too_many_waits``. A wait
   whose client hangs up ends there and gives its slot back.
+- One tenant's keys, each inside its own cap, hold at most the tenant's share of the
+  process's waits (``CALLGATE_API_TENANT_WAIT_SHARE``, half by default): two keys of
+  tenant-a open 12 long-polls against a bound of 10, 5 are taken and 7 refused ``429
+  too_many_waits`` naming the tenant's limit, and tenant-b's first long-poll is served.
 - A 256 MiB body, without a key, to ``POST /console/session``: refused ``413
   body_too_large`` from its Content-Length before it is read, or counted while it streams
   when it is chunked; the API's RSS (and its peak, VmHWM) grows by less than 50 MiB.
@@ -383,17 +387,21 @@ WAIT = 15.0
 
 
 def _waits_of_many_keys(
-    server: ApiServer, keys: list[str], turn_id: str
+    server: ApiServer,
+    keys: list[str],
+    turn_id: str,
+    per_key: int = WAITS_PER_KEY,
+    wait: float = WAIT,
 ) -> tuple[threading.Thread, list[dict[str, Any]]]:
-    """``WAITS_PER_KEY`` concurrent ``wait=WAIT`` long-polls of each key on one event loop
-    in a thread; each outcome (status, problem, Retry-After, seconds taken) lands in the
-    returned list as it ends."""
+    """``per_key`` concurrent ``wait`` long-polls of each key on one event loop in a thread;
+    each outcome (status, problem, Retry-After, seconds taken) lands in the returned list
+    as it ends."""
     outcomes: list[dict[str, Any]] = []
 
     async def one(http: httpx.AsyncClient) -> None:
         t0 = time.monotonic()
         try:
-            resp = await http.get(f"/v1/turns/{turn_id}/results", params={"wait": WAIT})
+            resp = await http.get(f"/v1/turns/{turn_id}/results", params={"wait": wait})
         except httpx.HTTPError as exc:
             outcomes.append({"status": repr(exc)})
             return
@@ -415,7 +423,7 @@ def _waits_of_many_keys(
             for k in keys
         ]
         try:
-            await asyncio.gather(*(one(c) for c in clients for _ in range(WAITS_PER_KEY)))
+            await asyncio.gather(*(one(c) for c in clients for _ in range(per_key)))
         finally:
             for c in clients:
                 await c.aclose()
@@ -434,7 +442,10 @@ def test_waits_past_the_process_bound_are_refused_not_polled(
     long-poll too; nothing falls back to polling PostgreSQL (no "cannot reach Redis" in the
     log); another tenant's submit and results (``wait=0``) are answered while every slot is
     held; each accepted wait ends near its timeout and gives its slot back."""
-    server = api({**env, "CALLGATE_API_REDIS_POOL": str(POOL)})
+    # A share of the whole: the process's bound alone is what this test is about.
+    server = api(
+        {**env, "CALLGATE_API_REDIS_POOL": str(POOL), "CALLGATE_API_TENANT_WAIT_SHARE": "1"}
+    )
     keys = [
         make_key(env, "tenant-a", "user-17", "support", rate=100, burst=200)["key"]
         for _ in range(KEYS)
@@ -491,6 +502,68 @@ def test_waits_past_the_process_bound_are_refused_not_polled(
     assert "cannot reach Redis" not in log and "Too many connections" not in log, log[-3000:]
 
 
+SHARED_POOL = 11  # a bound of 10 waits; the default share lets one tenant hold 5
+TENANT_SHARE = 5
+SATURATING = 12  # tenant-a's waits: two keys, each inside its own cap (10)
+SHORT_WAIT = 6.0
+
+
+def _pending_turn(http: httpx.Client, call_id: str) -> str:
+    """A turn no worker runs (none is started): its long-polls wait their whole time."""
+    weather = [{"call_id": call_id, "tool_name": "get_weather", "arguments": {"city": "Seoul"}}]
+    submitted = http.post("/v1/turns", json=weather)
+    assert submitted.status_code == 200, submitted.text
+    return str(submitted.json()["turn_id"])
+
+
+def test_one_tenant_holds_at_most_its_share_of_the_waits(
+    env: dict[str, str], api: Callable[[dict[str, str]], ApiServer]
+) -> None:
+    """Two keys of tenant-a open 12 real long-polls against a process bound of 10: tenant-a
+    gets its share (5, half the bound by default) and the rest are refused ``429
+    too_many_waits`` naming the tenant's limit; meanwhile tenant-b's first long-poll is
+    served (it waits its time and answers 200), not refused."""
+    server = api({**env, "CALLGATE_API_REDIS_POOL": str(SHARED_POOL)})
+    keys = [
+        make_key(env, "tenant-a", "user-17", "support", rate=100, burst=200)["key"]
+        for _ in range(2)
+    ]
+    b = make_key(env, "tenant-b", "user-42", "support", rate=100, burst=200)["key"]
+    with server.client(keys[0]) as http:
+        turn_id = _pending_turn(http, "a1")
+    thread, outcomes = _waits_of_many_keys(
+        server, keys, turn_id, per_key=SATURATING // len(keys), wait=SHORT_WAIT
+    )
+    refused_count = SATURATING - TENANT_SHARE
+    # At least the waits past the process's bound are refused at once, whatever the share.
+    wait_until(
+        lambda: sum(o["status"] == 429 for o in outcomes) >= SATURATING - 10,
+        timeout=20,
+        what="tenant-a's waits refused",
+    )
+    time.sleep(0.5)  # the rest of tenant-a's waits arrive
+    with server.client(b) as http:
+        theirs = _pending_turn(http, "b1")
+        t0 = time.monotonic()
+        served = http.get(f"/v1/turns/{theirs}/results", params={"wait": 1})
+        took = time.monotonic() - t0
+    assert served.status_code == 200, served.text
+    assert served.json()["complete"] is False and 0.9 < took < 5, (served.json(), took)
+    # ... while tenant-a still held its share: none of its accepted waits had ended.
+    assert not any(o["status"] == 200 for o in outcomes), outcomes
+    print(f"\ntenant-b's first wait, with tenant-a at its share: 200 after {took:.2f} s")
+
+    thread.join(SHORT_WAIT + 30)
+    statuses = sorted(str(o["status"]) for o in outcomes)
+    assert statuses == ["200"] * TENANT_SHARE + ["429"] * refused_count, outcomes
+    for o in outcomes:
+        if o["status"] == 429:
+            assert o["body"]["details"] == [
+                {"code": "wait_limit", "scope": "tenant", "limit": TENANT_SHARE}
+            ], o
+            assert "CALLGATE_API_TENANT_WAIT_SHARE" in o["body"]["detail"], o
+
+
 PROBE_WAITS = 400
 
 
@@ -501,8 +574,9 @@ def test_many_waits_against_the_default_bound(
     """The probe of docs/api.md: 400 ``wait=30`` long-polls from 40 keys of one user (10
     each, the per-key cap) against the default bound (90), while another tenant submits a
     read and collects it (``wait=10``; on 429, ``wait=0`` until complete), over and over.
-    Asserts the counts (90 answered, 310 refused, no fall-back warning, every round of the
-    other tenant complete); prints the timings (run with -s)."""
+    Asserts the counts (45 answered: tenant-a's share of the 90; 355 refused; no fall-back
+    warning; the other tenant's waits never refused, every round of it complete); prints
+    the timings (run with -s)."""
     server = running
     per_key = 10
     keys = [
@@ -572,6 +646,7 @@ def test_many_waits_against_the_default_bound(
         f"{len(rounds)} rounds ({refused} of its waits refused), submit+results median "
         f"{statistics.median(rounds):.3f} s, p95 {_p95(rounds):.3f} s, max {max(rounds):.3f} s"
     )
-    assert (statuses.count(200), statuses.count(429)) == (90, PROBE_WAITS - 90), statuses
-    assert warnings == 0
+    # One tenant holds its share of the bound (half of 90); the other tenant is never refused.
+    assert (statuses.count(200), statuses.count(429)) == (45, PROBE_WAITS - 45), statuses
+    assert warnings == 0 and refused == 0
     assert rounds, "tenant-b never completed a round while the waits were held"

@@ -3,6 +3,7 @@ the key format, problem statuses, settings, the long-poll slots and the framing 
 
 from __future__ import annotations
 
+import threading
 import time
 from datetime import UTC, datetime
 from typing import Any
@@ -132,29 +133,118 @@ def test_the_waits_bound_is_below_the_redis_pool() -> None:
             ApiSettings.from_env(env)
 
 
-def _refusal(slots: auth.WaitSlots, key_id: str) -> AccessError:
+def _refusal(slots: auth.WaitSlots, key_id: str, tenant: str = "t") -> AccessError:
     with pytest.raises(AccessError) as refused:
-        slots.take(key_id)
+        slots.take(key_id, tenant)
     assert refused.value.code == ErrorCode.TOO_MANY_WAITS and refused.value.retry_after
     return refused.value
 
 
 def test_wait_slots_bound_each_key_and_the_whole_process() -> None:
-    slots = auth.WaitSlots(per_key=2, per_process=3)
-    slots.take("ak1")
-    slots.take("ak1")
+    slots = auth.WaitSlots(per_key=2, per_process=3, tenant_share=1.0)
+    slots.take("ak1", "t")
+    slots.take("ak1", "t")
     assert _refusal(slots, "ak1").details[0]["scope"] == "key"
-    slots.take("ak2")  # the process's third
+    slots.take("ak2", "t")  # the process's third
     refused = _refusal(slots, "ak3")  # a key with none of its own, past the process's bound
     assert refused.details == [{"code": "wait_limit", "scope": "process", "limit": 3}]
     assert problems.from_error(refused).status_code == 429
-    slots.give("ak1")
-    slots.take("ak3")  # a slot given back is the next key's
+    slots.give("ak1", "t")
+    slots.take("ak3", "t")  # a slot given back is the next key's
     for key in ("ak1", "ak2", "ak3"):
-        slots.give(key)
+        slots.give(key, "t")
     for key in ("ak4", "ak5", "ak6"):
-        slots.take(key)  # every slot came back
+        slots.take(key, "t")  # every slot came back
     _refusal(slots, "ak7")
+
+
+def test_a_tenant_holds_at_most_its_share_and_another_tenant_is_served() -> None:
+    slots = auth.WaitSlots(per_key=10, per_process=10, tenant_share=0.5)
+    for i in range(5):
+        slots.take(f"a{i}", "tenant-a")  # five keys, each inside its own cap
+    refused = _refusal(slots, "a9", "tenant-a")
+    assert refused.details == [{"code": "wait_limit", "scope": "tenant", "limit": 5}]
+    assert "CALLGATE_API_TENANT_WAIT_SHARE" in refused.message
+    slots.take("b0", "tenant-b")  # the other tenant's first wait, while tenant-a is full
+    slots.give("a0", "tenant-a")
+    slots.take("a9", "tenant-a")  # the share frees as the tenant's waits end
+
+
+@pytest.mark.parametrize(
+    ("per_process", "share", "per_tenant"), [(90, 0.5, 45), (10, 0.3, 3), (1, 0.5, 1), (3, 0.01, 1)]
+)
+def test_a_tenants_share_is_at_least_one_wait(
+    per_process: int, share: float, per_tenant: int
+) -> None:
+    assert auth.WaitSlots(10, per_process, share).per_tenant == per_tenant
+
+
+def test_wait_slots_hold_their_bounds_on_real_threads() -> None:
+    """48 threads of three tenants take and give slots as fast as they can: no tenant ever
+    holds more than its share, the process never more than its bound, every slot comes back;
+    then, with one tenant's share held by its threads, another tenant's thread is served."""
+    slots = auth.WaitSlots(per_key=3, per_process=10, tenant_share=0.5)
+    seen = {"tenant-a": 0, "tenant-b": 0, "tenant-c": 0}
+    worst = dict.fromkeys(seen, 0)
+    worst_total = 0
+    lock = threading.Lock()
+    start = threading.Barrier(48)
+
+    def churn(key: str, tenant: str) -> None:
+        nonlocal worst_total
+        start.wait()
+        for _ in range(300):
+            try:
+                slots.take(key, tenant)
+            except AccessError:
+                continue
+            with lock:
+                seen[tenant] += 1
+                worst[tenant] = max(worst[tenant], seen[tenant])
+                worst_total = max(worst_total, sum(seen.values()))
+            time.sleep(0)
+            with lock:
+                seen[tenant] -= 1
+            slots.give(key, tenant)
+
+    threads = [
+        threading.Thread(target=churn, args=(f"{t}-k{i % 4}", t)) for t in seen for i in range(16)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert max(worst.values()) <= 5 and worst_total <= 10, (worst, worst_total)
+    assert max(worst.values()) == 5, worst  # the share was reached, not merely never tried
+    assert slots.held() == {}
+
+    held = threading.Barrier(6)
+    release = threading.Event()
+
+    def hold(key: str) -> None:
+        slots.take(key, "tenant-a")
+        held.wait()
+        release.wait(10)
+        slots.give(key, "tenant-a")
+
+    holders = [threading.Thread(target=hold, args=(f"a{i}",)) for i in range(5)]
+    for t in holders:
+        t.start()
+    held.wait(10)
+    _refusal(slots, "a9", "tenant-a")
+    other: list[str] = []
+
+    def another_tenant() -> None:
+        slots.take("b0", "tenant-b")
+        other.append("ok")
+
+    served = threading.Thread(target=another_tenant)
+    served.start()
+    served.join(10)
+    release.set()
+    for t in holders:
+        t.join(10)
+    assert other == ["ok"]
 
 
 GOOD_HEAD = b"GET /v1/tools HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer k\r\n"

@@ -165,7 +165,7 @@ def create_app(settings: Settings, api: ApiSettings) -> FastAPI:
             producer=producer,
             collector=collector,
             limiter=RateLimiter(producer.redis, settings.queue, api.rate, api.burst),
-            waits=WaitSlots(api.max_waits_per_key, api.wait_bound),
+            waits=WaitSlots(api.max_waits_per_key, api.wait_bound, api.tenant_wait_share),
             key_checks=anyio.CapacityLimiter(KEY_CHECK_THREADS),
             # /readyz's checks never queue behind requests: one thread of their own.
             readiness=anyio.CapacityLimiter(1),

@@ -19,8 +19,11 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
+import threading
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import redis
@@ -149,49 +152,88 @@ def check_csrf(secret: bytes, cookie: str | None, token: str | None) -> None:
 
 
 class WaitSlots:
-    """How many long-polls each key, and the whole process, has waiting; capped for both.
+    """How many long-polls each key, each tenant and the whole process has waiting; capped
+    for all three, under one lock (the event loop's thread takes them; the lock keeps the
+    counts whole should a thread ever take one too).
 
     A wait holds no thread, but it holds a connection, a task and a Redis read for up to
     ``CALLGATE_API_MAX_WAIT``: without a cap, one key within its rate could open thousands.
     The process's bound is what its asyncio Redis pool can serve: a key's cap alone does not
     bound it (many keys, each inside its own), and a read past the pool would not wait, it
-    would fail as if Redis were away. Counted in the process (the event loop's thread alone
-    touches it), because what a wait costs is this process's: behind a load balancer each
-    process caps its own."""
+    would fail as if Redis were away. A tenant's share of that bound keeps one tenant's keys
+    from holding every wait: with ``tenant_share`` below 1, another tenant's first wait
+    always finds a slot free while one tenant holds its whole share. Counted in the process,
+    because what a wait costs is this process's: behind a load balancer each process caps
+    its own."""
 
-    def __init__(self, per_key: int, per_process: int) -> None:
+    def __init__(self, per_key: int, per_process: int, tenant_share: float = 1.0) -> None:
         self.per_key = per_key
         self.per_process = per_process
-        self._held: dict[str, int] = {}
+        # Rounded first so 0.3 of 10 is 3, not 2.999...; at least one wait each.
+        self.per_tenant = max(1, math.floor(round(per_process * tenant_share, 9)))
+        self._keys: Counter[str] = Counter()
+        self._tenants: Counter[str] = Counter()
         self._total = 0
+        self._lock = threading.Lock()
 
-    def take(self, key_id: str) -> None:
-        """One slot of ``key_id``, or ``too_many_waits``; give it back with ``give``."""
-        held = self._held.get(key_id, 0)
-        if held >= self.per_key:
-            raise AccessError(
-                f"key {key_id} already has {held} waiting long-polls (at most {self.per_key}); "
-                "retry when one ends, or ask with wait=0",
-                code=ErrorCode.TOO_MANY_WAITS,
-                details=[{"code": "wait_limit", "scope": "key", "limit": self.per_key}],
-                retry_after=1.0,
+    def take(self, key_id: str, tenant_id: str) -> None:
+        """One slot of ``key_id`` (of ``tenant_id``), or ``too_many_waits`` naming the limit
+        that was hit; give it back with ``give``."""
+        with self._lock:
+            refusal = self._refusal(key_id, tenant_id)
+            if refusal is not None:
+                raise refusal
+            self._keys[key_id] += 1
+            self._tenants[tenant_id] += 1
+            self._total += 1
+
+    def give(self, key_id: str, tenant_id: str) -> None:
+        with self._lock:
+            self._total -= 1
+            for counts, name in ((self._keys, key_id), (self._tenants, tenant_id)):
+                counts[name] -= 1
+                if counts[name] <= 0:
+                    del counts[name]
+
+    def held(self) -> dict[str, int]:
+        """Each tenant's waits now (tenants with none are left out)."""
+        with self._lock:
+            return dict(self._tenants)
+
+    def _refusal(self, key_id: str, tenant_id: str) -> AccessError | None:
+        if self._keys[key_id] >= self.per_key:
+            return _too_many(
+                f"key {key_id} already has {self._keys[key_id]} waiting long-polls (at most "
+                f"{self.per_key}, CALLGATE_API_MAX_WAITS_PER_KEY); retry when one ends, or ask "
+                "with wait=0",
+                "key",
+                self.per_key,
+            )
+        # A share of the whole is the process's bound itself: named as that.
+        tenant_bound = self.per_tenant < self.per_process
+        if tenant_bound and self._tenants[tenant_id] >= self.per_tenant:
+            return _too_many(
+                f"tenant {tenant_id} already has {self._tenants[tenant_id]} waiting long-polls "
+                f"in this API process (at most {self.per_tenant}: CALLGATE_API_TENANT_WAIT_SHARE "
+                "of CALLGATE_API_MAX_WAITS); retry when one ends, or ask with wait=0",
+                "tenant",
+                self.per_tenant,
             )
         if self._total >= self.per_process:
-            raise AccessError(
+            return _too_many(
                 f"this API process already has {self._total} waiting long-polls (at most "
                 f"{self.per_process}, CALLGATE_API_MAX_WAITS); retry in a moment, or ask "
                 "with wait=0",
-                code=ErrorCode.TOO_MANY_WAITS,
-                details=[{"code": "wait_limit", "scope": "process", "limit": self.per_process}],
-                retry_after=1.0,
+                "process",
+                self.per_process,
             )
-        self._held[key_id] = held + 1
-        self._total += 1
+        return None
 
-    def give(self, key_id: str) -> None:
-        self._total -= 1
-        held = self._held.get(key_id, 0) - 1
-        if held > 0:
-            self._held[key_id] = held
-        else:
-            self._held.pop(key_id, None)
+
+def _too_many(message: str, scope: str, limit: int) -> AccessError:
+    return AccessError(
+        message,
+        code=ErrorCode.TOO_MANY_WAITS,
+        details=[{"code": "wait_limit", "scope": scope, "limit": limit}],
+        retry_after=1.0,
+    )

@@ -320,11 +320,11 @@ async def turn_results(
     # The wait awaits the turn's Redis stream on the event loop: it holds no thread, so
     # long-polls never starve other requests of the pool; its slot bounds what it does hold.
     if wait > 0:
-        s.waits.take(who.key_id)
+        s.waits.take(who.key_id, who.tenant_id)
         try:
             collected = await _collect_unless_gone(request, s, turn_id, wait)
         finally:
-            s.waits.give(who.key_id)
+            s.waits.give(who.key_id, who.tenant_id)
         if collected is None:
             return Response(status_code=204)  # to a closed connection: nobody reads it
     else:

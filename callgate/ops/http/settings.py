@@ -50,6 +50,14 @@ class ApiSettings(Section):
         ge=1,
         accepts="a whole number, at least 1 and below CALLGATE_API_REDIS_POOL (default 100)",
     )
+    # One tenant's keys, each inside its own cap, could otherwise hold every wait of the
+    # process: below 1, another tenant's first wait always finds a slot.
+    tenant_wait_share: FiniteFloat = setting(
+        0.5,
+        "Fraction of CALLGATE_API_MAX_WAITS one tenant may hold at once (at least one wait).",
+        ge=0.01,
+        le=1,
+    )
     # The largest body of POST /v1/turns (every other route: SMALL_BODY_BYTES).
     max_body_bytes: int = setting(
         MAX_BODY_BYTES,
