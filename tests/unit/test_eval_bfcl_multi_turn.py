@@ -5,9 +5,9 @@ as a process with the service URLs on closed ports: nothing here starts a servic
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -30,81 +30,108 @@ NOWHERE = {
 }
 
 
-def test_function_calling_steps_decode_as_bfcls_convert_to_function_call() -> None:
-    step = [{"cd": '{"folder": "document"}'}, {"mkdir": {"dir_name": "temp"}}]
-    assert decode.decode_step(step) == ["cd(folder='document')", "mkdir(dir_name='temp')"]
-    assert decode.decode_step({"ls": "{}"}) == ["ls()"]
+METHODS = frozenset({"cd", "ls", "mkdir", "sort", "mv", "lockDoors"})
 
 
-def test_prompted_steps_keep_each_call_as_written() -> None:
-    text = "```python\n[sort('final_report.pdf'), ls(a=True)]\n```"
-    assert decode.decode_step(text) == ["sort('final_report.pdf')", "ls(a=True)"]
-    assert decode.decode_step("cd(folder='..')") == ["cd(folder='..')"]
+def _fc(step: object) -> list[str]:
+    """A stand-in for BFCL's ``convert_to_function_call`` (the real one is checked against in
+    tests/integration/test_bfcl_multi_turn_conformance.py)."""
+    assert isinstance(step, list)
+    return [f"{k}()" for item in step for k in item]
 
 
-@pytest.mark.parametrize(
-    "step",
-    [
-        "[ls(a=__import__('os').system('touch /tmp/pwned'))]",
-        "[cd(folder='a' + 'b')]",
-        "[cd(**{'folder': 'a'})]",
-        "[cd(folder=open('/etc/passwd').read())]",
-        [{"__import__('os').system('x') or ls": "{}"}],
-        [{"cd": {"folder); import os; os.system('x'); (": 1}}],
-    ],
-)
-def test_a_step_that_is_not_literal_calls_never_reaches_bfcls_eval(step: object) -> None:
-    """BFCL's checker runs the call strings with eval(): only identifiers and literals may
-    get there."""
-    with pytest.raises(decode.NotCalls):
-        decode.decode_step(step)
-
-
-def test_prompted_literal_calls_are_written_back_from_their_literals() -> None:
-    text = "[mv(source = 'a.txt',destination='b'), f( [1, (2, 3)] , x={'k': None})]"
-    assert decode.decode_step(text) == [
-        "mv(source='a.txt', destination='b')",
-        "f([1, (2, 3)], x={'k': None})",
-    ]
-
-
-def test_prose_and_empty_steps_are_skipped_as_bfcl_skips_them() -> None:
-    result = [["[cd(folder='a')]", "Done, the folder is open."], [[], "I cannot do that."]]
-    assert decode.decode_result(result) == [[["cd(folder='a')"]], []]
-
-
-@pytest.mark.parametrize("result", ["[ls()]", [["ok"], "turn"], None, {"turns": []}])
-def test_a_result_that_is_not_turns_of_steps_is_refused(result: object) -> None:
-    with pytest.raises(ValueError):
-        decode.decode_result(result)
-
-
-def _sort(file_name: str, reverse: bool = False) -> None: ...
-
-
-def test_positional_arguments_are_named_by_the_methods_signature() -> None:
-    signatures = {"sort": inspect.signature(_sort)}
-    call = decode.parse_call("sort('final_report.pdf', reverse=True)", signatures.get)
-    assert call == decode.Call("sort", {"file_name": "final_report.pdf", "reverse": True})
-    tupled = decode.parse_call("lockDoors(door=('driver', 'rear'))", signatures.get)
-    assert tupled.arguments == {"door": ["driver", "rear"]}
+DECODERS = decode.Decoders(fc=_fc, prompt=_fc, is_empty=lambda calls: not calls)
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "reason"),
     [
-        "sort(name_of_file)",  # a name, not a literal
-        "mystery('x')",  # positional, and no signature to name it
-        "sort('a', 'b', 'c')",  # more than the signature takes
-        "os.system('ls')",  # not a function by name
-        "ls(**{'a': True})",
-        "[ls()",
+        ("exec('import os')", "'exec' is not a method"),
+        ("open(file='/etc/passwd', mode='w')", "'open' is not a method"),
+        ("\uff45\uff58\uff49\uff54()", "'exit' is not a method"),  # fullwidth, NFKC: exit
+        ("__import__('os').system('id')", "not a call of a function by name"),
+        ("ls(a=__import__('os').system('touch /tmp/pwned'))", "a is not a literal"),
+        ("cd(folder=os.system(command='id'))", "folder is not a literal"),
+        ("cd(**{'folder': 'a'})", "**arguments"),
+        ("cd(*['a'])", "positional argument is not a literal"),
+        ("cd(folder='a' + 'b')", "folder is not a literal"),
+        ("cd(folder=1e999)", "does not survive being written back"),  # inf: a name when shown
+        ("ls(), exec('x')", "not a call of a function by name"),
+        ("cd(folder='a'); exec('x')", "not a Python call"),
+        ("[ls()", "not a Python call"),
     ],
 )
-def test_calls_that_cannot_be_proposed_are_refused(text: str) -> None:
-    signatures = {"sort": inspect.signature(_sort)}
+def test_a_call_that_is_not_a_literal_call_of_a_method_never_reaches_bfcls_eval(
+    text: str, reason: str
+) -> None:
+    """BFCL's executor runs each call string with eval(): only a call of one of the entry's
+    methods, by name, with literal arguments, may get there."""
+    with pytest.raises(decode.NotCalls, match=re.escape(reason)):
+        decode.safe_call(text, METHODS)
+    guarded, refused = decode.guard([[["ls()", text]]], METHODS)
+    assert guarded == [[["ls()", decode.REFUSED]]]
+    assert [(r.turn, r.step, r.index) for r in refused] == [(0, 0, 1)]
+
+
+def test_a_literal_call_of_a_method_is_written_back_from_its_literals() -> None:
+    assert decode.safe_call("mv(source = 'a.txt',destination=\"b\")", METHODS) == (
+        "mv(source='a.txt', destination='b')"
+    )
+    assert decode.safe_call("sort('final_report.pdf')", METHODS) == "sort('final_report.pdf')"
+    assert decode.safe_call("ls(a=-5, depth=(1, [None, {'k': b'x'}]))", METHODS) == (
+        "ls(a=-5, depth=(1, [None, {'k': b'x'}]))"
+    )
+    # A fullwidth method name is the method, as Python (and BFCL's eval) reads it.
+    assert decode.safe_call("\uff4c\uff53()", METHODS) == "ls()"
+
+
+def test_the_refused_stand_in_is_itself_no_method() -> None:
+    assert decode.parse_call(decode.REFUSED).name not in METHODS
+
+
+def test_steps_are_decoded_and_skipped_as_bfcls_evaluation_loop_does() -> None:
+    def failing(step: object) -> list[str]:
+        if step == "prose":
+            raise SyntaxError("not calls")
+        return [] if step == [] else _fc(step)
+
+    decoders = decode.Decoders(fc=failing, prompt=failing, is_empty=lambda calls: not calls)
+    result = [[[{"cd": "{}"}], "prose", []], ["prose"], "ab"]
+    assert decode.decode_result(result, failing, decoders) == [[["cd()"]], [], []]
+
+
+@pytest.mark.parametrize("result", ["[ls()]", None, {"turns": []}, [[{"cd": "{}"}], 7]])
+def test_a_result_that_is_not_a_list_of_turns_is_refused(result: object) -> None:
     with pytest.raises(ValueError):
-        decode.parse_call(text, signatures.get)
+        decode.decode_result(result, _fc, DECODERS)
+
+
+def test_positional_arguments_are_kept_for_the_ground_truth_and_never_proposed() -> None:
+    call = decode.parse_call("sort('final_report.pdf', reverse=True)")
+    assert call == decode.Call("sort", {"reverse": True}, ("final_report.pdf",))
+    tupled = decode.parse_call("lockDoors(door=('driver', 'rear'))")
+    assert decode.plain(tupled.arguments) == {"door": ["driver", "rear"]}
+    record, proposal = multi_turn._proposed(0, 0, 0, "sort('a.pdf')", "BFCL's response")
+    assert proposal is None and record.outcome == "not_proposed"
+    refused, nothing = multi_turn._proposed(0, 0, 1, decode.REFUSED, decode.REFUSED_RESPONSE)
+    assert nothing is None and refused.tool is None
+
+
+def _prompt_like(step: object) -> list[str]:
+    if not isinstance(step, str) or not step.startswith("["):
+        raise SyntaxError("not a list of calls")
+    return [step.strip("[]")]
+
+
+def test_a_file_in_one_style_is_decoded_in_it_and_a_mixed_one_is_told_apart() -> None:
+    decoders = decode.Decoders(fc=_fc, prompt=_prompt_like, is_empty=lambda calls: not calls)
+    fc = [[[{"cd": "{}"}], "Done."]]
+    prompt = [["[cd()]", "Done."]]
+    assert decode.shapes([fc, fc], decoders) == decode.Shapes(fc=2, prompt=0)
+    assert decode.shapes([fc], decoders).style() == "fc"
+    assert decode.shapes([prompt], decoders).style() == "prompt"
+    mixed = decode.shapes([fc, prompt], decoders)
+    assert mixed.mixed and mixed == decode.Shapes(fc=1, prompt=1)
 
 
 LS = {
@@ -146,7 +173,7 @@ def test_entries_pair_questions_with_results_and_ground_truth() -> None:
     first = entries[0]
     assert first.category == "multi_turn_base" and not first.long_context
     assert first.classes == ["TwitterAPI", "GorillaFileSystem"]
-    assert len(decode.decode_result(first.result)) == len(first.ground_truth)
+    assert len(first.result) == len(first.ground_truth)
     limited, _ = multi_turn.read_entries(QUESTIONS, FILES / "result" / "mutated.json", None, 2)
     assert len(limited) == 2
 

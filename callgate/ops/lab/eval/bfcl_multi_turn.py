@@ -25,7 +25,6 @@ Two verdicts, kept apart:
 
 from __future__ import annotations
 
-import inspect
 import json
 import os
 import pickle
@@ -55,6 +54,8 @@ from callgate.store import db
 
 TOOLS = "callgate.ops.lab.eval.bfcl_multi_turn_tools:registry"
 CATEGORY = re.compile(r"multi_turn_[a-z_]+?(?=_\d+$)")
+# BFCL names each entry's instances after its id and evaluates that name: an id is an id.
+ENTRY_ID = re.compile(r"multi_turn_[A-Za-z0-9_]{1,120}")
 COLLECT_SECONDS = 60.0
 SUCCEEDED = "succeeded"
 REDACTED = "[redacted]"
@@ -67,6 +68,7 @@ class Options:
     limit: int | None = None
     log_path: str | None = None
     start_seconds: float | None = None
+    style: decode.Style = "fc"
 
 
 @dataclass
@@ -96,6 +98,7 @@ class EntryRun:
     correlated: bool = True
     state_equal: bool | None = None
     state_differences: dict[str, Any] = field(default_factory=dict)
+    refused: list[str] = field(default_factory=list)  # calls kept from BFCL's eval, and why
 
     @property
     def refusals(self) -> int:
@@ -184,18 +187,43 @@ def read_entries(
     recorded = {r.id: r for r in bfcl.read_lines(results, max_bytes)}
     entries, unanswered = [], []
     for line in asked:
+        if not ENTRY_ID.fullmatch(line.id):
+            raise line.fail("id", f"{line.id[:80]!r} is not a BFCL multi-turn id")
         if line.id not in recorded:
             unanswered.append(line.id)
             continue
         if line.id not in truth:
             raise line.fail("id", f"{line.id!r} has no ground truth in the answers file")
         gt = truth[line.id].doc.get("ground_truth")
-        if not isinstance(gt, list):
-            raise truth[line.id].fail("ground_truth", "expected a list of turns")
+        if not isinstance(gt, list) or not all(
+            isinstance(t, list) and all(isinstance(c, str) for c in t) for t in gt
+        ):
+            raise truth[line.id].fail("ground_truth", "expected a list of turns of call strings")
         entries.append(Entry(line.doc, gt, recorded[line.id].doc.get("result")))
     if not entries:
         raise InputError(f"{results}: no result for any question of {questions}")
     return entries[:limit] if limit else entries, unanswered
+
+
+def model_style(entries: list[Entry], asked: str) -> tuple[decode.Style, str | None]:
+    """The style the results are decoded in, and a warning to print. ``auto`` takes the one
+    the file is written in, and refuses a file that holds both: BFCL decodes every step with
+    one model's handler, so one of the two kinds would count as no call."""
+    found = decode.shapes((e.result for e in entries), backend.decoders())
+    if asked == "auto" and found.mixed:
+        raise InputError(
+            f"the results mix {found.fc} function-calling steps and {found.prompt} text steps "
+            "holding Python calls; BFCL decodes a file with one model's handler: give "
+            "--model-style fc or --model-style prompt"
+        )
+    style: decode.Style = (
+        found.style() if asked == "auto" else ("fc" if asked == "fc" else "prompt")
+    )
+    other = found.prompt if style == "fc" else found.fc
+    if not other:
+        return style, None
+    kind = "text steps holding Python calls" if style == "fc" else "function-calling steps"
+    return style, f"{other} {kind} count as no call under --model-style {style}, as in BFCL"
 
 
 def run(
@@ -227,7 +255,7 @@ def run(
                     out = []
                     for n, entry in enumerate(entries, 1):
                         t0 = time.monotonic()
-                        done = _entry(producer, engine, entry)
+                        done = _entry(producer, engine, entry, options.style)
                         out.append(done)
                         _progress(progress, n, len(entries), done, time.monotonic() - t0)
                     return out
@@ -248,35 +276,62 @@ def _progress(out: TextIO, n: int, total: int, done: EntryRun, took: float) -> N
     out.flush()
 
 
-def _entry(producer: Producer, engine: Engine, entry: Entry) -> EntryRun:
-    done = EntryRun(entry.id, entry.category, len(entry.ground_truth))
+@dataclass
+class Judged:
+    """BFCL's verdict on an entry, and the guarded calls it was given (None when it was not
+    run: the entry is skipped, or invalid before any call is decoded)."""
+
+    valid: bool | None = None
+    error: str | None = None
+    skipped: str | None = None
+    decoded: decode.Decoded | None = None
+    refused: list[str] = field(default_factory=list)
+
+
+def judge(entry: Entry, style: decode.Style, run_key: str) -> Judged:
+    """The model's verdict, as BFCL's ``_evaluate_single_multi_turn_entry`` gives it, with
+    every call guarded before BFCL's checker executes it."""
     why = next(filter(None, (backend.missing(c) for c in entry.classes)), None)
     if why:
-        done.skipped = why
-        return done
+        return Judged(skipped=why)
+    methods = backend.methods(entry.classes)
+    # The answers file is input too: its calls are held to the same rule.
+    guarded_truth, unsafe = decode.guard([entry.ground_truth], methods)
+    if unsafe:
+        return Judged(skipped=f"the ground truth has a call that is not run: {unsafe[0].reason}")
+    decoders = backend.decoders()
     try:
-        decoded = decode.decode_result(entry.result)
+        decoded = decode.decode_result(entry.result, decoders.of(style), decoders)
     except ValueError as exc:
-        done.bfcl_valid, done.bfcl_error = False, f"multi_turn:inference_error ({exc})"
-        return done
+        return Judged(False, f"multi_turn:inference_error ({exc})")
     if len(decoded) != len(entry.ground_truth):
-        done.bfcl_valid, done.bfcl_error = False, "multi_turn:force_terminated"
-        return done
+        return Judged(False, "multi_turn:force_terminated")
+    decoded, refusals = decode.guard(decoded, methods)
+    valid, error = _bfcl_verdict(entry, guarded_truth[0], decoded, run_key)
+    refused = [f"turn {r.turn} step {r.step}: {r.reason}" for r in refusals]
+    return Judged(valid, error, None, decoded, refused)
+
+
+def _entry(producer: Producer, engine: Engine, entry: Entry, style: decode.Style) -> EntryRun:
+    done = EntryRun(entry.id, entry.category, len(entry.ground_truth))
     run_key = f"bfcl-{uuid.uuid4().hex[:12]}"
-    done.bfcl_valid, done.bfcl_error = _bfcl_verdict(entry, decoded, run_key)
+    judged = judge(entry, style, run_key)
+    done.skipped, done.bfcl_valid, done.bfcl_error = judged.skipped, judged.valid, judged.error
+    done.refused = judged.refused
+    decoded = judged.decoded
+    if decoded is None:
+        return done
     bfcl_responses, bfcl_instances = _bfcl_execution(entry, decoded, run_key)
     for class_name in entry.classes:
         instance = backend.fresh(
             class_name, entry.doc["initial_config"].get(class_name, {}), entry.long_context
         )
         store.seed(engine, store.Key(run_key, entry.id, class_name), pickle.dumps(instance))
-    signatures = _signatures(entry)
     conversation = f"{run_key}-{entry.id}"
     for t, turn in enumerate(decoded):
         for s, step in enumerate(turn):
             calls = [
-                _proposed(t, s, i, text, bfcl_responses[t][s][i], signatures)
-                for i, text in enumerate(step)
+                _proposed(t, s, i, text, bfcl_responses[t][s][i]) for i, text in enumerate(step)
             ]
             for group in _groups(producer, calls):
                 _submit(producer, engine, entry, run_key, conversation, group, done)
@@ -294,14 +349,16 @@ def _entry(producer: Producer, engine: Engine, entry: Entry) -> EntryRun:
     return done
 
 
-def _bfcl_verdict(entry: Entry, decoded: decode.Decoded, run_key: str) -> tuple[bool, str | None]:
+def _bfcl_verdict(
+    entry: Entry, truth: list[list[str]], decoded: decode.Decoded, run_key: str
+) -> tuple[bool, str | None]:
     """BFCL's ``multi_turn_checker``, as its evaluation calls it (the model name only keys
     its instances, so each run's is new)."""
     model = f"callgate_{run_key}"
     prompt = {k: v for k, v in entry.doc.items() if k != "function"}
     try:
         verdict = backend.checker().multi_turn_checker(
-            decoded, entry.ground_truth, prompt, entry.category, model
+            decoded, truth, prompt, entry.category, model
         )
     except Exception as exc:  # BFCL's checker asserts on some inputs: invalid, with the reason
         return False, f"checker error: {exc!r}"
@@ -348,37 +405,26 @@ def _forget(model: str) -> None:
         del names[name]
 
 
-def _signatures(entry: Entry) -> dict[str, inspect.Signature]:
-    """Each involved method's signature, to name positional arguments."""
-    found: dict[str, inspect.Signature] = {}
-    for class_name in entry.classes:
-        instance = getattr(backend.module_of(class_name), class_name)()
-        for doc in backend.function_docs(class_name):
-            method = getattr(instance, str(doc["name"]), None)
-            if method is not None:
-                found[str(doc["name"])] = inspect.signature(method)
-    return found
-
-
 def _proposed(
     turn: int,
     step: int,
     index: int,
     text: str,
     bfcl_response: str,
-    signatures: dict[str, inspect.Signature],
 ) -> tuple[CallRun, ProposedCall | None]:
     record = CallRun(turn, step, text, None, "not_proposed", None, bfcl_response)
-    try:
-        call = decode.parse_call(text, signatures.get)
-    except ValueError as exc:
-        record.response = str(exc)
+    if text == decode.REFUSED:
+        record.response = "refused before BFCL's eval (the entry's refused list says why)"
+        return record, None
+    call = decode.parse_call(text)  # the guard let it through: a literal call of a method
+    if call.positional:  # BFCL's decoders never write one: only a ground truth has them
+        record.response = "positional arguments are not proposed"
         return record, None
     record.tool = call.name
     proposal = ProposedCall(
         call_id=f"t{turn}-s{step}-c{index}",
         tool_name=call.name,
-        arguments=call.arguments,
+        arguments=decode.plain(call.arguments),
         repeat=True,
     )
     return record, proposal

@@ -10,9 +10,12 @@ an entry whose class cannot be imported is skipped with the reason.
 
 from __future__ import annotations
 
+import ast
 import copy
 import importlib
+import inspect
 import json
+import re
 import sys
 from functools import cache
 from pathlib import Path
@@ -20,11 +23,27 @@ from types import ModuleType
 from typing import Any
 
 from callgate.core.errors import ConfigurationError
+from callgate.ops.lab.eval import bfcl_decode
+from callgate.ops.lab.eval import bfcl_multi_turn_decode as decode
 
 PACKAGE = "bfcl_eval"
 BACKENDS = f"{PACKAGE}.eval_checker.multi_turn_eval.func_source_code"
 CHECKER = f"{PACKAGE}.eval_checker.multi_turn_eval.multi_turn_checker"
 UTILS = f"{PACKAGE}.eval_checker.multi_turn_eval.multi_turn_utils"
+ENUMS = f"{PACKAGE}.constants.enums"
+HANDLER_UTILS = ("model_handler", "utils.py")
+# BFCL's decoders of a model's answer into call strings (bfcl_eval/model_handler/utils.py).
+DECODERS = frozenset(
+    {
+        "ast_parse",
+        "resolve_ast_call",
+        "resolve_ast_by_type",
+        "parse_nested_value",
+        "decoded_output_to_execution_list",
+        "default_decode_execute_prompting",
+        "convert_to_function_call",
+    }
+)
 INSTALL = "pip install bfcl-eval --no-deps"
 
 # class → (its module under BACKENDS, its function doc under data/multi_turn_func_doc)
@@ -60,6 +79,72 @@ def use(path: Path | None) -> None:
             f"BFCL's multi-turn checker is not importable ({exc}): {INSTALL}, or give "
             "--bfcl DIR (an unzipped bfcl-eval wheel)"
         ) from None
+    decoders()
+    _check_refusal()
+
+
+def _check_refusal() -> None:
+    """The guard's stand-in for a refused call must be answered by BFCL's deny list, before
+    its ``eval``: a BFCL that no longer does so is not used."""
+    answered, _ = utils().execute_multi_turn_func_call(
+        func_call_list=[decode.REFUSED],
+        initial_config={},
+        involved_classes=[],
+        model_name="callgate_probe",
+        test_entry_id="probe",
+    )
+    if answered != [decode.REFUSED_RESPONSE]:
+        raise ConfigurationError(
+            f"this bfcl-eval answers {decode.REFUSED!r} with {answered!r}, not with its deny "
+            "list's error: callgate refuses to score with it (bfcl-eval 2026.3.23 does)"
+        )
+
+
+@cache
+def decoders() -> decode.Decoders:
+    """BFCL's own decoders, taken by name from its source file: importing the module would
+    import tree-sitter for Java and JavaScript, which multi-turn (Python only) never uses.
+    Their namespace's ``eval`` (BFCL evaluates arithmetic in an argument with it) is
+    callgate's evaluator of literal arithmetic, which runs nothing of the model's."""
+    path = root() / PACKAGE / Path(*HANDLER_UTILS)
+    try:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        enums = importlib.import_module(ENUMS)
+    except (OSError, SyntaxError, ImportError) as exc:
+        raise ConfigurationError(f"BFCL's decoders cannot be read from {path}: {exc}") from None
+    namespace: dict[str, Any] = {
+        "ast": ast,
+        "json": json,
+        "re": re,
+        "ReturnFormat": enums.ReturnFormat,
+        "eval": bfcl_decode.arithmetic,
+    }
+    found = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name in DECODERS]
+    missing = DECODERS - {n.name for n in found}
+    if missing:
+        raise ConfigurationError(f"{path} has no {', '.join(sorted(missing))}: not bfcl-eval?")
+    for node in found:
+        node.decorator_list = []  # none of them has one; nothing else runs at definition
+        exec(compile(ast.Module([node], []), str(path), "exec"), namespace)
+    return decode.Decoders(
+        fc=namespace["convert_to_function_call"],
+        prompt=namespace["default_decode_execute_prompting"],
+        is_empty=utils().is_empty_execute_response,
+    )
+
+
+def methods(classes: list[str]) -> frozenset[str]:
+    """The names BFCL's executor binds to the entry's instances: every public method, as
+    ``execute_multi_turn_func_call`` lists them (``inspect.getmembers``)."""
+    found: set[str] = set()
+    for class_name in classes:
+        instance = getattr(module_of(class_name), class_name)()
+        found |= {
+            name
+            for name, _ in inspect.getmembers(instance, predicate=inspect.ismethod)
+            if not name.startswith("_")
+        }
+    return frozenset(found)
 
 
 def root() -> Path:

@@ -17,6 +17,7 @@ from pathlib import Path
 import click
 
 from callgate.core.errors import InputError
+from callgate.ops import lifeline
 from callgate.ops.cli.common import load_settings
 from callgate.ops.flags import setting_option
 from callgate.ops.lab.eval import (
@@ -24,6 +25,7 @@ from callgate.ops.lab.eval import (
     bfcl_decode,
     bfcl_multi_turn,
     bfcl_multi_turn_backend,
+    bfcl_multi_turn_decode,
     bfcl_multi_turn_report,
     inputs,
     retrieval,
@@ -149,7 +151,8 @@ def run_cmd(
     )
     command = " ".join(["callgate", "eval", "run", *sys.argv[3:]]) if len(sys.argv) > 2 else ""
     _writable(out)  # before a minute of running, not after
-    runs = run_suite(load_settings(), loaded, options, sys.stderr)
+    with lifeline.unwind_on_signals():  # SIGTERM/SIGHUP: stop the stack, drop the scratch data
+        runs = run_suite(load_settings(), loaded, options, sys.stderr)
     for run in runs:
         doc = reporting.build(
             loaded.config.name, run.answer, run.turns, command=command, seconds=run.seconds
@@ -332,6 +335,16 @@ def import_bfcl_cmd(
     default=None,
     help="An unzipped bfcl-eval wheel (default: the installed bfcl_eval package).",
 )
+@click.option(
+    "--model-style",
+    "style",
+    type=click.Choice(["auto", *bfcl_multi_turn_decode.STYLES]),
+    default="auto",
+    show_default=True,
+    help="How BFCL decodes the model's steps: fc (function calling: lists of {name: "
+    "arguments}), prompt (Python calls in text); auto: the one the file is written in "
+    "(a file holding both is refused).",
+)
 @start_timeout_option
 @inputs.max_file_bytes_option
 def bfcl_multi_turn_cmd(
@@ -342,6 +355,7 @@ def bfcl_multi_turn_cmd(
     limit: int | None,
     workers: int,
     bfcl_path: Path | None,
+    style: str,
     start_seconds: float,
     max_bytes: int,
 ) -> None:
@@ -352,14 +366,19 @@ def bfcl_multi_turn_cmd(
         questions, results, answers, limit, max_bytes
     )
     bfcl_multi_turn_backend.use(bfcl_path)  # before anything starts: one line if missing
+    decoded_style, warning = bfcl_multi_turn.model_style(entries, style)
+    if warning:
+        click.echo(f"callgate eval: warning: {warning}", err=True)
     _writable(out)
     options = bfcl_multi_turn.Options(
         bfcl=bfcl_path,
         workers=workers,
         log_path=str(out / "bfcl-multi-turn-processes.log"),
         start_seconds=start_seconds,
+        style=decoded_style,
     )
-    runs = bfcl_multi_turn.run(load_settings(), entries, options, sys.stderr)
+    with lifeline.unwind_on_signals():  # SIGTERM/SIGHUP: stop the stack, drop the scratch data
+        runs = bfcl_multi_turn.run(load_settings(), entries, options, sys.stderr)
     command = " ".join(["callgate", "eval", *sys.argv[2:]]) if len(sys.argv) > 2 else ""
     try:
         paths = bfcl_multi_turn_report.write(runs, out, command)
