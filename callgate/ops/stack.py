@@ -16,12 +16,14 @@ from types import TracebackType
 from rq import Worker
 
 from callgate.core.errors import CallgateError, ConfigurationError, ErrorCode
+from callgate.ops import lifeline
 from callgate.queue import transport
 
 
 @dataclass
 class Stack:
-    """Workers, relayer and sweeper as child processes of this one.
+    """Workers, relayer and sweeper as child processes of this one, which end with it
+    (``lifeline``: SIGTERM when this process dies, even by SIGKILL).
 
     ``env`` is passed to every child on top of this process's environment (database and
     Redis URLs, lease length, demo delays…). With ``log_path``, every child's stderr (its
@@ -74,6 +76,7 @@ class Stack:
                     **os.environ,
                     **self.env,
                     "CALLGATE_METRICS_PORT": str(port),
+                    **lifeline.child_env(),
                     **(env or {}),
                 },
                 stdin=subprocess.DEVNULL,

@@ -20,7 +20,7 @@ import redis
 
 from callgate.core import logs
 from callgate.core.errors import CallgateError, ErrorCode
-from callgate.ops import telemetry
+from callgate.ops import lifeline, telemetry
 from callgate.ops.cli import approvals, maintenance, processes, turns
 from callgate.ops.cli.common import EXIT_ERROR, setup_logging
 from callgate.ops.flags import setting_option
@@ -74,6 +74,7 @@ def cli(log_level: str, log_format: logs.LogFormat, paths: tuple[str, ...]) -> N
     embedded ones when those are unset. Your tools' module (CALLGATE_TOOLS=module:attribute)
     is imported from the current directory, or from the directories --path names.
     """
+    lifeline.die_with_parent()  # started by a Stack: end with it
     setup_logging(log_level, log_format)
     use_paths(paths)
     # Traces when the OTEL_* variables ask for them (docs/tracing.md); service.name

@@ -29,7 +29,7 @@ from callgate.core.errors import CallgateError, ConfigurationError, InputError
 from callgate.core.settings import Settings
 from callgate.core.types import ProposedCall
 from callgate.ops.cli.common import apply_migrations, dispatch_after_decision, embedded_services
-from callgate.ops.lab.eval import ledger, scoring, suite_modules
+from callgate.ops.lab.eval import ledger, leftovers, scoring, suite_modules
 from callgate.ops.lab.eval.fixture import AWAITING_APPROVAL, SUCCEEDED, Fixture, Suite, Turn
 from callgate.ops.lab.eval.live import Conversation, client_for
 from callgate.ops.lab.eval.stubs import ENV as STUBS_ENV
@@ -147,7 +147,8 @@ def scratch(
     end unless ``keep`` is given) and with CALLGATE_REDIS_URL, queue names of their own.
     Nothing of the configured ones is touched. What is kept is named on ``out``, so the
     report's trace ids can be read with ``callgate trace``."""
-    queue = f"eval-{uuid.uuid4().hex[:10]}"
+    name = leftovers.token()
+    queue = f"{leftovers.QUEUE_PREFIX}{name}"
     if settings.database_url:
         scratch_prefix()  # refused before anything is created
     with (
@@ -157,7 +158,7 @@ def scratch(
         folder = keep or Path(tmp)
         if settings.database_url:
             with (
-                _scratch_database(settings.database_url, drop=keep is None) as url,
+                _scratch_database(settings.database_url, name, drop=keep is None) as url,
                 embedded_services(settings.replace(database_url=url), folder) as ready,
             ):
                 if keep is not None and out is not None:
@@ -172,18 +173,22 @@ def scratch(
 
 @contextmanager
 def _own_queue(redis_url: str | None, queue: str) -> Iterator[None]:
-    """On a configured Redis, remove the run's own keys afterwards (its queue name is new,
-    so nothing else has keys under it); an embedded Redis goes with its folder."""
+    """On a configured Redis, first forget the queues of runs that were killed, then remove
+    the run's own keys afterwards (its queue name is new, so nothing else has keys under it);
+    an embedded Redis goes with its folder."""
+    if redis_url:
+        connection = transport.connect(redis_url)
+        try:
+            leftovers.forget_stale_queues(connection)
+        finally:
+            connection.close()
     try:
         yield
     finally:
         if redis_url:
             connection = transport.connect(redis_url)
             try:
-                patterns = (f"callgate:{queue}:*", f"rq:*:{queue}")
-                for pattern in patterns:
-                    for key in connection.scan_iter(match=pattern, count=500):
-                        connection.delete(key)
+                leftovers.forget_queue(connection, queue)
             finally:
                 connection.close()
 
@@ -214,10 +219,12 @@ def scratch_prefix() -> str:
 
 
 @contextmanager
-def _scratch_database(url: str, *, drop: bool) -> Iterator[str]:
-    name = f"{scratch_prefix()}{uuid.uuid4().hex[:12]}"
+def _scratch_database(url: str, token: str, *, drop: bool) -> Iterator[str]:
+    prefix = scratch_prefix()
+    name = f"{prefix}{token}"
     admin = db.create(url, pool_size=1, application_name="callgate-eval")
     try:
+        leftovers.drop_stale_databases(admin, prefix)  # runs killed before they could
         with admin.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
             conn.execute(text(f'CREATE DATABASE "{name}"'))
     except Exception as exc:
