@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+import redis
 from rq import Queue
 
 from callgate.queue import results, transport
@@ -42,6 +43,14 @@ class Reconciled:
     doubted: int
     adopted: int
     lost: int
+
+
+def remembered(connection: redis.Redis, queue: str) -> list[histories.Remembered]:
+    """The turns Redis remembers being submitted, with whose they were."""
+    return [
+        histories.Remembered(t.turn_id, t.tenant_id, t.at, t.writes, t.user_id)
+        for t in results.recent(connection, queue)
+    ]
 
 
 def reconcile(engine: Engine, queue: Queue, *, job_timeout: float) -> Reconciled | None:
@@ -64,11 +73,7 @@ def reconcile(engine: Engine, queue: Queue, *, job_timeout: float) -> Reconciled
         for c in begun.open_calls
         if (c.turn_id, c.call_id) in held
     }
-    remembered = [
-        histories.Remembered(t.turn_id, t.tenant_id, t.at, t.writes)
-        for t in results.recent(queue.connection, queue.name)
-    ]
-    lost = histories.record_lost(engine, begun.epoch, remembered)
+    lost = histories.record_lost(engine, begun.epoch, remembered(queue.connection, queue.name))
     adopted = histories.adopt(engine, begun.epoch, found)
     # They are marked dispatched: if Redis refuses, a later sweep dispatches them.
     transport.dispatch_after_commit(

@@ -292,9 +292,9 @@ class Producer:
             with tracing.proposing(span) as intake:
                 if intake.on:
                     intake.recorded(recorded.turn_id, proposals_of(recorded))
-                return self._enqueue(recorded, key, ctx.tenant_id)
+                return self._enqueue(recorded, key, ctx)
 
-    def _enqueue(self, recorded: turns.Recorded, key: str, tenant_id: str) -> Turn:
+    def _enqueue(self, recorded: turns.Recorded, key: str, ctx: CallContext) -> Turn:
         """Enqueue the calls a recorded turn dispatches now (a repeat's undispatched ones),
         after Redis notes the turn: a failover to a PostgreSQL replica that lacks it is then
         answered ``turn_lost``, and its writes' operation ids stay in doubt."""
@@ -310,7 +310,10 @@ class Producer:
                 for p in recorded.planned
                 if p.kind == "write" and p.refusal is None
             )
-            submitted = results.Submitted(recorded.turn_id, tenant_id, time.time(), writes)
+            # Its tenant and user too: the lost turn's owner is answered turn_lost.
+            submitted = results.Submitted(
+                recorded.turn_id, ctx.tenant_id, time.time(), writes, ctx.user_id
+            )
             remember = partial(results.remember, queue=self.settings.queue, turn=submitted)
         try:
             # One round trip notes the turn and asks which jobs already wait; the next

@@ -156,13 +156,21 @@ class Submitted:
     tenant_id: str
     at: float
     writes: tuple[tuple[str, str, str], ...]
+    # The user it was submitted for: the lost turn's owner (None in members written before
+    # it was kept).
+    user_id: str | None = None
 
 
 def remember(pipe: Pipeline, queue: str, turn: Submitted) -> int:
     """Add to ``pipe`` the commands that note a submitted turn and forget those past the
     window; how many (the producer sends them in its enqueue's first round trip)."""
     member = json.dumps(
-        {"turn": str(turn.turn_id), "tenant": turn.tenant_id, "writes": turn.writes},
+        {
+            "turn": str(turn.turn_id),
+            "tenant": turn.tenant_id,
+            "user": turn.user_id,
+            "writes": turn.writes,
+        },
         separators=(",", ":"),
     )
     key = recent_turns_key(queue)
@@ -181,5 +189,14 @@ def recent(connection: redis.Redis, queue: str) -> list[Submitted]:
     for member, score in entries:
         raw = json.loads(member)
         writes = tuple((str(w[0]), str(w[1]), str(w[2])) for w in raw.get("writes", []))
-        found.append(Submitted(uuid.UUID(raw["turn"]), str(raw["tenant"]), float(score), writes))
+        user = raw.get("user")
+        found.append(
+            Submitted(
+                uuid.UUID(raw["turn"]),
+                str(raw["tenant"]),
+                float(score),
+                writes,
+                None if user is None else str(user),
+            )
+        )
     return found

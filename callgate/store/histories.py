@@ -133,11 +133,12 @@ WITH adopted AS (
 LOST_SQL = """
 WITH remembered AS (
     SELECT * FROM jsonb_to_recordset(CAST(:turns AS jsonb))
-           AS r(turn_id uuid, tenant text, at float8, writes jsonb)
+           AS r(turn_id uuid, tenant text, "user" text, at float8, writes jsonb)
 ), lost AS (
-    INSERT INTO callgate.lost_turns (turn_id, epoch, submitted_at, operation_ids)
+    INSERT INTO callgate.lost_turns (turn_id, epoch, submitted_at, operation_ids, tenant_id,
+                                     user_id)
     SELECT r.turn_id, :epoch, to_timestamp(r.at),
-           ARRAY(SELECT w ->> 0 FROM jsonb_array_elements(r.writes) AS w)
+           ARRAY(SELECT w ->> 0 FROM jsonb_array_elements(r.writes) AS w), r.tenant, r."user"
       FROM remembered AS r
      WHERE NOT EXISTS (SELECT 1 FROM callgate.turns AS t WHERE t.turn_id = r.turn_id)
     ON CONFLICT (turn_id) DO NOTHING
@@ -271,6 +272,7 @@ class Remembered:
     tenant_id: str
     at: float
     writes: tuple[tuple[str, str, str], ...]
+    user_id: str | None = None  # None: remembered before the user was kept
 
 
 def record_lost(engine: Engine, epoch: int, remembered: list[Remembered]) -> int:
@@ -279,7 +281,13 @@ def record_lost(engine: Engine, epoch: int, remembered: list[Remembered]) -> int
     if not remembered:
         return 0
     rows = [
-        {"turn_id": str(t.turn_id), "tenant": t.tenant_id, "at": t.at, "writes": t.writes}
+        {
+            "turn_id": str(t.turn_id),
+            "tenant": t.tenant_id,
+            "user": t.user_id,
+            "at": t.at,
+            "writes": t.writes,
+        }
         for t in remembered
     ]
     with db.translate_errors("record lost turns"), engine.begin() as conn:

@@ -362,4 +362,8 @@ lost_turns = Table(
     Column("submitted_at", DateTime(timezone=True), nullable=False),
     Column("operation_ids", ARRAY(Text), nullable=False, server_default=text("'{}'")),
     Column("found_at", DateTime(timezone=True), nullable=False, server_default=func.now()),
+    # Whose it was (migration 0019), so the API answers turn_lost to its owner alone; None
+    # for a turn lost (or remembered by Redis) before the owner was kept.
+    Column("tenant_id", Text),
+    Column("user_id", Text),
 )

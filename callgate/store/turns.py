@@ -490,7 +490,9 @@ def _tool_and_hash(joined: str) -> tuple[str, str]:
 
 
 def owner(engine: Engine, turn_id: str) -> tuple[str, str] | None:
-    """(tenant, user) a turn was submitted for, or None for a turn that does not exist."""
+    """(tenant, user) a turn was submitted for, a lost one's included (its owner is answered
+    ``turn_lost``); None for a turn that does not exist, or a lost one whose owner was not
+    kept."""
     try:
         tid = uuid.UUID(turn_id)
     except ValueError:
@@ -499,6 +501,14 @@ def owner(engine: Engine, turn_id: str) -> tuple[str, str] | None:
         row = conn.execute(
             select(turns.c.tenant_id, turns.c.user_id).where(turns.c.turn_id == tid)
         ).first()
+        if row is None:
+            row = conn.execute(
+                select(lost_turns.c.tenant_id, lost_turns.c.user_id).where(
+                    lost_turns.c.turn_id == tid,
+                    lost_turns.c.tenant_id.is_not(None),
+                    lost_turns.c.user_id.is_not(None),
+                )
+            ).first()
     return None if row is None else (row.tenant_id, row.user_id)
 
 

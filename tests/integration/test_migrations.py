@@ -195,11 +195,11 @@ def test_upgrade_twice_is_a_no_op_at_head(migrated: Engine) -> None:
     assert catalog(migrated) == before
 
     head = ScriptDirectory.from_config(migrate.alembic_config(migrated)).get_current_head()
-    assert head == "0018"
+    assert head == "0019"
     with migrated.connect() as conn:
-        assert _current_revision(conn) == "0018"
+        assert _current_revision(conn) == "0019"
         rows = conn.execute(text(f"SELECT version_num FROM {SCHEMA}.alembic_version")).all()
-    assert [tuple(r) for r in rows] == [("0018",)]
+    assert [tuple(r) for r in rows] == [("0019",)]
 
 
 def test_upgrade_keeps_data(migrated: Engine) -> None:
@@ -489,7 +489,7 @@ def test_upgrade_from_0012_keeps_every_call_and_operation_where_it_was(
     migrate.upgrade(engine)
 
     with engine.begin() as conn:
-        assert _current_revision(conn) == "0018"
+        assert _current_revision(conn) == "0019"
         assert conn.execute(text(f"SELECT count(*) FROM {SCHEMA}.calls")).scalar() == len(_CALLS)
         assert _predicates_disagree(conn) == []
         assert _invalid_indexes(conn) == []
