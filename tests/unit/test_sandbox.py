@@ -111,6 +111,12 @@ SYSCALLS = {
     "memfd_secret": 447, "shmget": 29, "shmat": 30, "shmctl": 31, "shmdt": 67,
     "semget": 64, "semop": 65, "semctl": 66, "semtimedop": 220, "msgget": 68, "msgsnd": 69,
     "msgrcv": 70, "msgctl": 71, "mq_open": 240, "io_setup": 206,
+    "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "getxattr": 191, "lgetxattr": 192,
+    "fgetxattr": 193, "listxattr": 194, "llistxattr": 195, "flistxattr": 196,
+    "removexattr": 197, "lremovexattr": 198, "fremovexattr": 199, "setxattrat": 463,
+    "getxattrat": 464, "listxattrat": 465, "removexattrat": 466, "inotify_init": 253,
+    "inotify_init1": 294, "inotify_add_watch": 254, "timer_create": 222, "setsockopt": 54,
+    "prctl": 157,
 }  # fmt: skip
 # What issue 35 asked to deny (and what was found with it), and the error each gets.
 NEWLY_DENIED = {
@@ -183,6 +189,37 @@ def test_the_filter_denies_each_call_named_in_the_issue_with_its_errno() -> None
     assert got == {name: _err(number) for name, number in NEWLY_DENIED.items()}
 
 
+XATTR_CALLS = [name for name in SYSCALLS if "xattr" in name]
+
+
+def test_the_filter_refuses_every_extended_attribute_call_as_unsupported() -> None:
+    """Issue 46: a user xattr on tmpfs is charged to inode space, not to the mount's size."""
+    program = seccomp.program()
+    assert len(XATTR_CALLS) == 16
+    got = {name: _bpf(program, SYSCALLS[name]) for name in XATTR_CALLS}
+    assert got == dict.fromkeys(XATTR_CALLS, _err(errno.ENOTSUP))
+
+
+def test_the_filter_refuses_inotify_and_leaves_timers_to_their_rlimit() -> None:
+    program = seccomp.program()
+    for name in ("inotify_init", "inotify_init1", "inotify_add_watch"):
+        assert _bpf(program, SYSCALLS[name]) == _err(errno.ENOSYS), name
+    assert _bpf(program, SYSCALLS["timer_create"]) == ALLOW  # RLIMIT_SIGPENDING caps them
+
+
+def test_the_filter_keeps_socket_buffers_and_the_parent_death_signal() -> None:
+    program = seccomp.program()
+    nr, sol_socket = SYSCALLS["setsockopt"], 1
+    for option in (7, 8, 32, 33):  # SO_SNDBUF, SO_RCVBUF, and their FORCE forms
+        assert _bpf(program, nr, (3, sol_socket, option)) == _err(errno.EPERM), option
+    assert _bpf(program, nr, (3, sol_socket, 2)) == ALLOW  # SO_REUSEADDR
+    assert _bpf(program, nr, (3, 6, 7)) == ALLOW  # IPPROTO_TCP's option 7 is another
+    prctl = SYSCALLS["prctl"]
+    assert _bpf(program, prctl, (1, 0)) == _err(errno.EPERM)  # PR_SET_PDEATHSIG
+    assert _bpf(program, prctl, (2, 0)) == ALLOW  # PR_GET_PDEATHSIG
+    assert _bpf(program, prctl, (15, 0)) == ALLOW  # PR_SET_NAME
+
+
 def test_the_filter_makes_only_unix_sockets() -> None:
     program = seccomp.program()
     for call in ("socket", "socketpair"):
@@ -249,7 +286,7 @@ def _bwrap_ops(args: list[str]) -> list[tuple[str, ...]]:
 
 def _argv(limits: Limits | None = None, hidden: tuple[str, ...] = ()) -> list[str]:
     view = command.View(interpreter=Path("/usr/bin/python3"), hidden_proc=hidden)
-    fds = command.Fds(snippet=10, report=11, inputs={"a.csv": 12}, seccomp=13)
+    fds = command.Fds(snippet=10, report=11, lifeline=14, inputs={"a.csv": 12}, seccomp=13)
     return command.argv(view, limits or Limits(), fds, {}, bwrap="bwrap", prlimit="prlimit")
 
 
@@ -289,20 +326,52 @@ def test_shm_is_carved_out_of_the_scratch_budget() -> None:
 def test_what_one_slot_can_hold_is_bounded_and_documented() -> None:
     terms = sandbox_limits.slot_memory(Limits())
     total = sum(terms.values())
-    # Each process's address space and its kernel bookkeeping, the tmpfs mounts, the inputs
-    # copied in, the kernel buffers behind every descriptor, and what the worker buffers.
+    # Each process's address space and its kernel bookkeeping, the tmpfs mounts and their
+    # inodes, the inputs copied in, the kernel buffers behind every descriptor, queued
+    # signals and timers, inotify (none: seccomp), and what the worker buffers.
     assert set(terms) == {
-        "address_space", "kernel_per_process", "scratch", "output", "inputs", "descriptors",
-        "worker",
+        "address_space", "kernel_per_process", "scratch", "output", "inodes", "inputs",
+        "descriptors", "signals", "inotify", "worker",
     }  # fmt: skip
-    assert terms["address_space"] == 32 * 512 * MiB
+    assert terms["address_space"] == 8 * 256 * MiB  # issue 46: was 32 × 512 MiB
     assert terms["scratch"] == 64 * MiB and terms["output"] == 4 * MiB
-    assert total <= 18 * GiB
+    assert terms["inotify"] == 0
+    assert total <= 3 * GiB
     docs = (Path(__file__).resolve().parents[2] / "docs" / "tools.md").read_text()
-    assert f"{total / GiB:.1f} GiB" in docs
+    assert f"{total / GiB:.2f} GiB" in docs
     # The settings it names move it.
-    small = Limits(memory_bytes=256 * MiB, max_processes=4, max_open_files=32)
-    assert sum(sandbox_limits.slot_memory(small).values()) < 2 * GiB
+    small = Limits(memory_bytes=128 * MiB, max_processes=4, max_open_files=32)
+    assert sum(sandbox_limits.slot_memory(small).values()) < 1 * GiB
+
+
+def test_the_slot_figure_follows_the_hosts_settings() -> None:
+    """A host whose wmem_max is 4 MiB let 60 Unix sockets pin 245 MiB (issue 46): the filter
+    keeps buffers at wmem_default, and without it the figure counts wmem_max and inotify."""
+    host = sandbox_limits.Host(wmem_max=4 * MiB, inotify_watches=192_540, tmpfs_inodes=3 << 20)
+    limits = Limits()
+    filtered = sandbox_limits.slot_memory(limits, host)
+    bare = sandbox_limits.slot_memory(limits, host, seccomp=False)
+    assert filtered["descriptors"] == 9 * 64 * 3 * 212_992
+    assert bare["descriptors"] == 9 * 64 * 3 * 4 * MiB
+    assert bare["inotify"] == 192_540 * sandbox_limits.WATCH_BYTES
+    # A worker that is not root cannot cap its mounts' inodes: each holds the host's default.
+    unbounded = sandbox_limits.slot_memory(limits, host, inodes_bounded=False)
+    assert unbounded["inodes"] == 3 * (3 << 20) * sandbox_limits.INODE_BYTES
+    assert filtered["inodes"] < 64 * MiB
+
+
+def test_each_writable_mount_has_an_inode_cap() -> None:
+    limits = Limits(scratch_inodes=5_000)
+    ops = _bwrap_ops(_argv(limits))
+    read_only = {op[1] for op in ops if op[0] == "--remount-ro"}
+    writable = {op[1] for op in ops if op[0] == "--tmpfs"} - read_only
+    caps = command.inodes(limits)
+    assert set(caps) == writable
+    assert caps["/tmp"] == 5_000
+
+
+def test_queued_signals_and_timers_are_capped() -> None:
+    assert f"--sigpending={sandbox_limits.PENDING_SIGNALS}" in _argv()
 
 
 def test_host_revealing_proc_files_are_covered_after_proc_is_mounted() -> None:

@@ -1,23 +1,59 @@
 """The program the sandboxed interpreter runs first (``python -I -S -B -c BOOT ...``).
 
-It runs the snippet (``/sandbox/snippet.py``) as ``__main__``, keeps the value of a last
-expression, and then writes a report to the file descriptor it was given: one JSON line
-(``exit``, ``value``, ``error``), then one line per file found in ``/output``. It follows no
-symbolic link, skips what is not a regular file, and stops past the caps it was given: the
-worker checks every cap again while reading. Everything here runs beside the snippet, in
-the same process, so nothing it reports is trusted: it is untrusted output like stdout.
+It starts as PID 1 of the sandbox's namespaces and stays there as a small init: it tells
+the worker it has started (``R`` on the lifeline, a Unix socket whose other end only the
+worker holds), waits for ``G`` (the worker has bounded the mounts' inodes meanwhile), then
+forks the snippet's process and waits. When the snippet's process ends, it ends with the
+same status; when the lifeline reads end of file (the worker died, however suddenly), it
+ends at once. Either way the kernel then kills whatever is left in the namespace: nothing
+outlives the worker or the run. The snippet cannot signal it (PID 1 of a namespace gets
+no signal from inside it that it has no handler for) nor trace it (seccomp).
+
+The snippet's process runs ``/sandbox/snippet.py`` as ``__main__``, keeps the value of a
+last expression, and then writes a report to the file descriptor it was given: one JSON
+line (``exit``, ``value``, ``error``), then one line per file found in ``/output``. It
+follows no symbolic link, skips what is not a regular file, and stops past the caps it was
+given: the worker checks every cap again while reading. Everything there runs beside the
+snippet, in the same process, so nothing it reports is trusted: it is untrusted output
+like stdout.
 """
 
 from __future__ import annotations
 
 BOOT = r"""
-import ast, base64, json, os, signal, stat, sys
-# PID 1 of its namespace ignores signals it has no handler for: end at once at the CPU
-# limit's soft warning, as any other process would (the hard limit follows a second later).
-signal.signal(signal.SIGXCPU, lambda *_: os._exit(128 + signal.SIGXCPU))
-fd, max_files, max_bytes, max_value = (int(a) for a in sys.argv[1:5])
-report = os.fdopen(fd, "w", closefd=True)
+import ast, base64, json, os, select, signal, stat, sys
+fd, life, max_files, max_bytes, max_value = (int(a) for a in sys.argv[1:6])
 os.set_inheritable(fd, False)
+os.set_inheritable(life, False)
+os.write(life, b"R")
+if os.read(life, 1) != b"G":  # end of file: the worker died before the run began
+    os._exit(1)
+wake_r, wake_w = os.pipe()
+os.set_blocking(wake_w, False)
+signal.set_wakeup_fd(wake_w)
+signal.signal(signal.SIGCHLD, lambda *_: None)
+snippet = os.fork()
+if snippet:
+    os.close(fd)
+    while True:
+        if life in select.select([life, wake_r], [], [])[0]:
+            os._exit(1)  # the worker is gone: ending here ends the whole namespace
+        os.read(wake_r, 4096)
+        while True:  # reap every child: orphans of the snippet are re-parented here
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                os._exit(1)
+            if pid == 0:
+                break
+            if pid == snippet:
+                code = os.waitstatus_to_exitcode(status)
+                os._exit(128 - code if code < 0 else code)
+signal.set_wakeup_fd(-1)
+signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+for unused in (wake_r, wake_w, life):
+    os.close(unused)
+report = os.fdopen(fd, "w", closefd=True)
 sys.argv = ["<snippet>"]
 sys.path[:0] = ["/opt/site"]
 result = {"exit": 0}

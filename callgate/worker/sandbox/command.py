@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from callgate.worker.sandbox.boot import BOOT
-from callgate.worker.sandbox.limits import Limits
+from callgate.worker.sandbox.limits import PENDING_SIGNALS, SMALL_MOUNT_INODES, Limits
 
 SITE = "/opt/site"
 SNIPPET = "/sandbox/snippet.py"
@@ -74,12 +74,24 @@ class View:
     hidden_proc: tuple[str, ...] = ()
 
 
+def inodes(limits: Limits) -> dict[str, int]:
+    """The most inodes each writable tmpfs may hold (``nr_inodes``). Each costs about 1 KiB
+    of kernel memory whatever the mount's size, and user xattrs would be charged to the same
+    space: without a cap, half the host's memory pages per mount."""
+    return {
+        SCRATCH: limits.scratch_inodes,
+        "/dev/shm": SMALL_MOUNT_INODES,
+        OUTPUT: SMALL_MOUNT_INODES,
+    }
+
+
 @dataclass(frozen=True)
 class Fds:
     """The descriptors the runner opened for this run (inherited by bwrap)."""
 
     snippet: int
     report: int
+    lifeline: int  # the sandbox's end of the lifeline (see boot.py)
     inputs: Mapping[str, int] = field(default_factory=dict)
     seccomp: int | None = None
 
@@ -94,6 +106,8 @@ def argv(
         f"--nproc={limits.max_processes}",
         f"--fsize={limits.max_file_bytes}",
         f"--nofile={limits.max_open_files}",
+        # Queued signals and POSIX timers (each timer holds one in advance) of the slot's uid.
+        f"--sigpending={PENDING_SIGNALS}",
         "--core=0",
         "--",
     ]
@@ -102,6 +116,8 @@ def argv(
         "--unshare-all",  # user, mount, pid, network, ipc, uts, cgroup
         "--unshare-user",
         "--disable-userns",  # no user namespace of its own inside
+        # bwrap dies with the worker's thread, and the interpreter with bwrap; the lifeline
+        # (boot.py) covers the moments before bwrap has armed this, and any moment after.
         "--die-with-parent",
         "--as-pid-1",
         "--new-session",  # no TIOCSTI into the worker's terminal
@@ -165,6 +181,7 @@ def argv(
         "-c",
         BOOT,
         str(fds.report),
+        str(fds.lifeline),
         str(limits.output_files),
         str(limits.output_file_bytes),
         str(REPORT_VALUE_CHARS),

@@ -26,12 +26,13 @@ class Limits:
 
     wall_seconds: float = 10.0  # wall clock, from start to the whole sandbox killed
     cpu_seconds: int = 10  # RLIMIT_CPU
-    memory_bytes: int = 512 * MiB  # RLIMIT_AS: address space of each process
-    max_processes: int = 32  # RLIMIT_NPROC: processes and threads of the sandbox's user
+    memory_bytes: int = 256 * MiB  # RLIMIT_AS: address space of each process
+    max_processes: int = 8  # RLIMIT_NPROC: processes and threads of the sandbox's user
     max_file_bytes: int = 16 * MiB  # RLIMIT_FSIZE: the largest file it may write
     max_open_files: int = 64  # RLIMIT_NOFILE
     scratch_bytes: int = 64 * MiB  # /tmp and /dev/shm together, each a tmpfs of fixed size
     shm_bytes: int = 1 * MiB  # of scratch_bytes, the part that is /dev/shm
+    scratch_inodes: int = 16_384  # files, folders and links /tmp may hold (nr_inodes)
     output_bytes: int = 64 * 1024  # stdout and stderr, each
     output_files: int = 8  # files collected from /output
     output_file_bytes: int = 4 * MiB  # their total size (and the /output tmpfs)
@@ -63,20 +64,50 @@ def report_bytes(limits: Limits) -> int:
     return limits.output_file_bytes * 4 // 3 + 512 * limits.output_files + 16_384
 
 
-# Once the seccomp filter has left a run only Unix sockets and pipes of the default size,
-# the most kernel memory one descriptor can hold: a Unix socket's send buffer (SO_SNDBUF
-# at most net.core.wmem_max, 212,992 bytes unless raised, doubled by the kernel) and one
-# message past it, at most half of it again. A pipe holds 64 KiB.
-DESCRIPTOR_BYTES = 3 * 212_992
 # Per task: its kernel stack (16 KiB) and task structures, rounded up.
 TASK_BYTES = 64 * 1024
+# RLIMIT_SIGPENDING of a slot's uid: signals queued and POSIX timers (each holds one queued
+# signal in advance), each well under 1 KiB of kernel memory.
+PENDING_SIGNALS = 256
+SIGNAL_BYTES = 1024
+# An inode of a tmpfs, its dentry and a name of up to 255 bytes (1,044 bytes a file measured).
+INODE_BYTES = 2048
+# An inotify watch and the inode it keeps in memory (without seccomp only: it denies inotify).
+WATCH_BYTES = 1024
+# Files, folders and links /dev/shm and /output may each hold (their root included).
+SMALL_MOUNT_INODES = 1_024
 
 
-def slot_memory(limits: Limits) -> dict[str, int]:
-    """The most memory one run can hold at once, term by term, in bytes; a worker holds
-    ``max_concurrent`` times their sum. Not counted: the inodes of files and folders
-    created in the tmpfs mounts (about 1 KiB each, their number bounded only by the CPU
-    time the run gets) and whatever a cgroup of your own limits further."""
+@dataclass(frozen=True)
+class Host:
+    """What of this machine's settings bounds a run's kernel memory (read by ``host.read``).
+    The defaults are a kernel's own."""
+
+    wmem_default: int = 212_992  # net.core.wmem_default: a Unix socket's send buffer
+    wmem_max: int = 212_992  # net.core.wmem_max: the most SO_SNDBUF may set
+    inotify_watches: int = 8_192  # fs.inotify.max_user_watches
+    tmpfs_inodes: int = 1 << 20  # a tmpfs's nr_inodes unless set: half the memory's pages
+
+
+def descriptor_bytes(host: Host, seccomp: bool) -> int:
+    """The most kernel memory one descriptor can hold, once the filter has left Unix sockets
+    and pipes of the default size only: a Unix socket's send buffer (doubled by the kernel)
+    and one message past it, at most half of it again. With the filter, ``setsockopt`` may
+    not size it, so it stays at ``wmem_default``; without, it goes up to ``wmem_max``. A
+    pipe holds 64 KiB."""
+    return 3 * (host.wmem_default if seccomp else max(host.wmem_default, host.wmem_max))
+
+
+def slot_memory(
+    limits: Limits, host: Host | None = None, *, seccomp: bool = True, inodes_bounded: bool = True
+) -> dict[str, int]:
+    """The most memory one run can hold at once, term by term, in bytes, on ``host`` (a
+    kernel's defaults unless given); a worker holds ``max_concurrent`` times their sum.
+    ``inodes_bounded``: a root worker caps each writable mount's inodes; a worker of another
+    user cannot, and its mounts hold up to the host's default number. Not counted: whatever
+    a cgroup of your own limits further."""
+    host = host or Host()
+    mount_inodes = limits.scratch_inodes + 2 * SMALL_MOUNT_INODES
     return {
         # RLIMIT_AS bounds each process, not their sum: anonymous memory, mapped files,
         # shared mappings.
@@ -85,11 +116,19 @@ def slot_memory(limits: Limits) -> dict[str, int]:
         "kernel_per_process": limits.max_processes * (limits.memory_bytes // 512 + TASK_BYTES),
         "scratch": limits.scratch_bytes,  # the /tmp and /dev/shm tmpfs mounts
         "output": limits.output_file_bytes,  # the /output tmpfs
+        # Files, folders and links in those three mounts, whatever their sizes.
+        "inodes": (mount_inodes if inodes_bounded else 3 * host.tmpfs_inodes) * INODE_BYTES,
         # bwrap copies the attached files and the snippet into the sandbox's own root.
         "inputs": limits.input_bytes + 4 * CODE_CHARS,
         # Every process's descriptors, and up to RLIMIT_NOFILE more in flight in Unix
         # sockets (the kernel's cap per user).
-        "descriptors": (limits.max_processes + 1) * limits.max_open_files * DESCRIPTOR_BYTES,
+        "descriptors": (limits.max_processes + 1)
+        * limits.max_open_files
+        * descriptor_bytes(host, seccomp),
+        # Queued signals and POSIX timers (RLIMIT_SIGPENDING).
+        "signals": PENDING_SIGNALS * SIGNAL_BYTES,
+        # Without the filter, inotify watches up to the host's per-user cap.
+        "inotify": 0 if seccomp else host.inotify_watches * WATCH_BYTES,
         # What the worker buffers of stdout, stderr and the report.
         "worker": 2 * limits.output_bytes + report_bytes(limits),
     }

@@ -1,11 +1,14 @@
-"""One sandboxed run: open its descriptors, start ``prlimit … bwrap …``, read stdout, stderr
-and the report with caps while the wall clock runs, kill the whole sandbox at the first
-limit, and say what happened.
+"""One sandboxed run: open its descriptors, start ``prlimit … bwrap …``, cap its mounts'
+inodes before the snippet starts, read stdout, stderr and the report with caps while the
+wall clock runs, kill the whole sandbox at the first limit, and say what happened.
 
 Killing a sandbox is ``SIGKILL`` to the interpreter, PID 1 of its namespace: the kernel then
 kills every process left in the namespace, however it forked or re-parented, and bwrap reaps
-it and exits (its session's process group is the fallback). ``bwrap --die-with-parent`` ends
-the sandbox if the worker itself dies.
+it and exits (its session's process group is the fallback). A run returns only once bwrap
+has exited, hence once every process of its namespace is gone. If the worker itself dies,
+the lifeline ends the sandbox: a Unix socket whose one end only the worker holds, watched
+by the sandbox's PID 1 (boot.py) from before the snippet starts; ``bwrap
+--die-with-parent`` stands behind it.
 Nothing is buffered past its cap: a run printing a gibibyte costs the worker at most
 ``output_bytes`` of memory per stream.
 """
@@ -19,6 +22,7 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Mapping
@@ -26,7 +30,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from callgate.worker.sandbox import command, seccomp
+from callgate.worker.sandbox import command, host, seccomp
 from callgate.worker.sandbox.limits import Limits, Observed, report_bytes
 
 CHUNK = 65536
@@ -46,6 +50,8 @@ class Setup:
     # The first (uid, gid) to run as when the worker is root; slot N runs as (uid+N, gid+N).
     user: tuple[int, int] | None
     seccomp: bool = True
+    # Cap each writable mount's inodes (root only: see host.cap_inodes).
+    cap_inodes: bool = False
 
 
 @dataclass
@@ -80,19 +86,21 @@ def run(setup: Setup, code: str, inputs: Mapping[str, bytes], slot: int = 0) -> 
         opened.append(fd)
         return fd
 
+    lifeline, inside = socket.socketpair()
     try:
         report_r, report_w = os.pipe()
         opened += [report_r, report_w]
         fds = command.Fds(
             snippet=keep(_memfd("snippet", code.encode("utf-8", "surrogatepass"))),
             report=report_w,
+            lifeline=inside.fileno(),
             inputs={name: keep(_memfd("input", data)) for name, data in inputs.items()},
             seccomp=keep(_memfd("seccomp", seccomp.program())) if setup.seccomp else None,
         )
         args = command.argv(
             setup.view, setup.limits, fds, setup.env, bwrap=setup.bwrap, prlimit=setup.prlimit
         )
-        passed = (fds.snippet, fds.report, *fds.inputs.values())
+        passed = (fds.snippet, fds.report, fds.lifeline, *fds.inputs.values())
         if fds.seccomp is not None:
             passed += (fds.seccomp,)
         user: dict[str, Any] = {}
@@ -111,17 +119,44 @@ def run(setup: Setup, code: str, inputs: Mapping[str, bytes], slot: int = 0) -> 
             cwd="/",
             **user,
         )
+        inside.close()  # the worker keeps one end only: its death closes the lifeline
         for fd in passed:
-            os.close(fd)
-            opened.remove(fd)
+            if fd in opened:
+                os.close(fd)
+                opened.remove(fd)
         try:
+            _start(proc, lifeline, setup, started + setup.limits.wall_seconds)
             return _watch(proc, report_r, setup.limits, started)
         finally:
             _kill(proc)
     finally:
+        lifeline.close()
+        inside.close()
         for fd in opened:
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def _start(
+    proc: subprocess.Popen[bytes], lifeline: socket.socket, setup: Setup, deadline: float
+) -> None:
+    """Wait for the sandbox's PID 1 to say it has started, cap its mounts' inodes, and let
+    the snippet run. Returns without a word when it never starts in time (or bwrap failed:
+    the lifeline then reads end of file), leaving the wall clock and the exit status to tell."""
+    lifeline.settimeout(max(deadline - time.monotonic(), 0.001))
+    try:
+        started = lifeline.recv(1)
+    except (TimeoutError, OSError):
+        return
+    if started != b"R":
+        return
+    if setup.cap_inodes:
+        children = _children(proc.pid)  # bwrap's one child, waiting for the word to go
+        if len(children) != 1:
+            raise OSError(f"bwrap has {len(children)} children, not the sandbox's PID 1 alone")
+        host.cap_inodes(children[0], command.inodes(setup.limits))
+    with contextlib.suppress(OSError):  # it may have been killed meanwhile
+        lifeline.sendall(b"G")
 
 
 def _children(pid: int) -> list[int]:

@@ -6,14 +6,20 @@ processes, mounting, new namespaces, kernel keyrings, eBPF, perf, userfaultfd, i
 modules, kexec, raw file handles, LDT entries, NUMA placement, Landlock and LSM
 attributes). Each fails with ``EPERM``. Memory a run could hold outside its address-space
 limit and its sized mounts (memfd, SysV shared memory, message queues and semaphores,
-POSIX message queues, AIO rings) and features a library probes for and does without
-(``clone3``, pidfds) fail with ``ENOSYS``, as on a kernel without them: the C library falls
-back to ``clone``, so threads and subprocesses keep working. Three calls are checked by
-argument: ``socket`` and ``socketpair`` make Unix sockets only (any other family,
-``EAFNOSUPPORT``: no vsock, netlink, packet or Internet socket, whose buffers would count
-against the host's TCP memory), ``personality`` answers the query and keeps ``PER_LINUX``
-(no turning address-space randomisation off for a child), and ``fcntl`` does not enlarge
-a pipe past its default 64 KiB.
+POSIX message queues, AIO rings, inotify watches) and features a library probes for and
+does without (``clone3``, pidfds) fail with ``ENOSYS``, as on a kernel without them: the C
+library falls back to ``clone``, so threads and subprocesses keep working. Extended
+attributes fail with ``ENOTSUP``, as on a file system without them: on tmpfs a user xattr
+is charged to the mount's inode space, not to its size, and Python's own copy functions
+take ``ENOTSUP`` as "nothing to copy". Five calls are checked by argument: ``socket`` and
+``socketpair`` make Unix sockets only (any other family, ``EAFNOSUPPORT``: no vsock,
+netlink, packet or Internet socket, whose buffers would count against the host's TCP
+memory), ``personality`` answers the query and keeps ``PER_LINUX`` (no turning
+address-space randomisation off for a child), ``fcntl`` does not enlarge a pipe past its
+default 64 KiB, ``setsockopt`` does not size a socket's buffers (they stay at
+``net.core.wmem_default``, however high the host's ``wmem_max``), and ``prctl`` does not
+change the signal a process gets when its parent dies (the sandbox's first process dies
+with bwrap, which dies with the worker).
 
 A deny list, not an allow list: the interpreter and compiled packages (numpy's BLAS,
 matplotlib) use a wide set of calls that changes with the kernel and the C library, and a
@@ -119,6 +125,30 @@ NOT_IMPLEMENTED: dict[str, int] = {
     "msgctl": 71,
     "mq_open": 240,
     "io_setup": 206,
+    # Each watch pins the inode it watches; fs.inotify.max_user_watches is the host's.
+    "inotify_init": 253,
+    "inotify_init1": 294,
+    "inotify_add_watch": 254,
+}
+# Every call that sets, reads, lists or removes an extended attribute, by path, link, file
+# descriptor or directory descriptor (the *xattrat calls are Linux 6.13's).
+NOT_SUPPORTED: dict[str, int] = {
+    "setxattr": 188,
+    "lsetxattr": 189,
+    "fsetxattr": 190,
+    "getxattr": 191,
+    "lgetxattr": 192,
+    "fgetxattr": 193,
+    "listxattr": 194,
+    "llistxattr": 195,
+    "flistxattr": 196,
+    "removexattr": 197,
+    "lremovexattr": 198,
+    "fremovexattr": 199,
+    "setxattrat": 463,
+    "getxattrat": 464,
+    "listxattrat": 465,
+    "removexattrat": 466,
 }
 SOCKET_CALLS = {"socket": 41, "socketpair": 53}
 SOCKET_FAMILIES = {"AF_UNIX": 1}
@@ -127,6 +157,12 @@ PERSONALITY = 135
 PERSONAS = (0xFFFFFFFF, 0)
 FCNTL = 72
 F_SETPIPE_SZ = 1031
+SETSOCKOPT = 54
+SOL_SOCKET = 1
+# SO_SNDBUF, SO_RCVBUF, SO_SNDBUFFORCE, SO_RCVBUFFORCE
+SOCKET_BUFFERS = (7, 8, 32, 33)
+PRCTL = 157
+PR_SET_PDEATHSIG = 1
 
 _AUDIT_ARCH_X86_64 = 0xC000003E
 _X32_BIT = 0x40000000
@@ -188,22 +224,30 @@ def program() -> bytes:
     ]
     code += [(_JEQ, "socket", 0, nr) for nr in SOCKET_CALLS.values()]
     code += [(_JEQ, "personality", 0, PERSONALITY), (_JEQ, "fcntl", 0, FCNTL)]
+    code += [(_JEQ, "setsockopt", 0, SETSOCKOPT), (_JEQ, "prctl", 0, PRCTL)]
     code += [(_JEQ, "eperm", 0, nr) for nr in sorted(DENIED.values())]
     code += [(_JEQ, "enosys", 0, nr) for nr in sorted(NOT_IMPLEMENTED.values())]
+    code += [(_JEQ, "enotsup", 0, nr) for nr in sorted(NOT_SUPPORTED.values())]
     code += [(_RET, 0, 0, _RET_ALLOW), "socket", (_LD_W_ABS, 0, 0, _arg(0))]
     code += [(_JEQ, "allow", 0, family) for family in SOCKET_FAMILIES.values()]
     code += [(_RET, 0, 0, _RET_ERRNO | errno.EAFNOSUPPORT), "personality"]
     code += [(_LD_W_ABS, 0, 0, _arg(0))]
     code += [(_JEQ, "allow", 0, persona) for persona in PERSONAS]
     code += [(_RET, 0, 0, _RET_ERRNO | errno.EPERM), "fcntl", (_LD_W_ABS, 0, 0, _arg(1))]
+    code += [(_JEQ, "eperm", "allow", F_SETPIPE_SZ), "setsockopt", (_LD_W_ABS, 0, 0, _arg(1))]
+    code += [(_JEQ, 0, "allow", SOL_SOCKET), (_LD_W_ABS, 0, 0, _arg(2))]
+    code += [(_JEQ, "eperm", 0, option) for option in SOCKET_BUFFERS]
+    code += [(_RET, 0, 0, _RET_ALLOW), "prctl", (_LD_W_ABS, 0, 0, _arg(0))]
     code += [
-        (_JEQ, "eperm", "allow", F_SETPIPE_SZ),
+        (_JEQ, "eperm", "allow", PR_SET_PDEATHSIG),
         "allow",
         (_RET, 0, 0, _RET_ALLOW),
         "eperm",
         (_RET, 0, 0, _RET_ERRNO | errno.EPERM),
         "enosys",
         (_RET, 0, 0, _RET_ERRNO | errno.ENOSYS),
+        "enotsup",
+        (_RET, 0, 0, _RET_ERRNO | errno.ENOTSUP),
         "kill",
         (_RET, 0, 0, _RET_KILL_PROCESS),
     ]

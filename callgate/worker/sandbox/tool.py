@@ -14,6 +14,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import dataclasses
+import logging
 import mimetypes
 import os
 import queue
@@ -39,8 +40,10 @@ from callgate.tools.registry import (
     RiskPolicy,
     Tool,
 )
-from callgate.worker.sandbox import command, packages, runner, seccomp
-from callgate.worker.sandbox.limits import CODE_CHARS, Limits, limit_met
+from callgate.worker.sandbox import command, host, packages, runner, seccomp
+from callgate.worker.sandbox.limits import CODE_CHARS, Limits, limit_met, slot_memory
+
+log = logging.getLogger("callgate.worker")
 
 # The sandboxes of a root worker run as uid/gid BASE + slot, one id per concurrent slot:
 # RLIMIT_NPROC counts per user, so each sandbox gets its own process budget and a fork bomb
@@ -122,6 +125,7 @@ def python_tool(
         name, limits, packages, dict(env or {}), interpreter, sandbox_uid_base, use_seccomp
     )
     _probe(name, setup)
+    _say_memory(name, setup, max_concurrent)
     slots: queue.Queue[int] = queue.Queue()
     for slot in range(max_concurrent):
         slots.put(slot)
@@ -231,6 +235,25 @@ def _setup(
         prlimit=str(shutil.which("prlimit")),
         user=user,
         seccomp=use_seccomp,
+        cap_inodes=user is not None,
+    )
+
+
+def _say_memory(name: str, setup: runner.Setup, max_concurrent: int) -> None:
+    """The most this tool's sandboxes can hold, from this host's settings as they are now
+    (``wmem_default``, ``wmem_max``, inotify's cap): logged once, for sizing the worker's
+    own memory limit, which is what bounds their sum (see docs/tools.md)."""
+    terms = slot_memory(
+        setup.limits, host.read(), seccomp=setup.seccomp, inodes_bounded=setup.cap_inodes
+    )
+    per_slot = sum(terms.values())
+    log.info(
+        "%s: each sandbox can hold up to %.1f GiB (%s), %d at once; cgroup memory here: %s",
+        name,
+        per_slot / (1 << 30),
+        ", ".join(f"{term} {size >> 20} MiB" for term, size in terms.items()),
+        max_concurrent,
+        host.cgroup_memory(),
     )
 
 
