@@ -9,7 +9,9 @@ working unchanged.
 Ids come from ``extra={"call_id": ...}`` on one record, or from ``bind(...)`` for every
 record a block of code writes (a context variable: each thread and each asyncio task has its
 own). Only the fields in ``ID_FIELDS`` and ``EVENT_FIELDS`` are ever written, so arguments,
-results or secrets passed as ``extra`` never reach a log line. A record written inside an
+results or secrets passed as ``extra`` never reach a log line. An id a client chose (a call
+id, an operation id, a tool name) is shown redacted and cut to ``MAX_ID_SHOWN`` characters,
+as values are: a client may have typed a secret into it. A record written inside an
 OpenTelemetry span also carries its ``trace_id`` and ``span_id`` (hex, as trace backends
 show them), so a log line opens its trace.
 """
@@ -21,7 +23,7 @@ import datetime
 import json
 import logging
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from types import MappingProxyType
 from typing import Any, Final, Literal, TextIO
@@ -54,6 +56,11 @@ EVENT_FIELDS: Final = (
     "worker",
 )
 FIELDS: Final = ID_FIELDS + EVENT_FIELDS
+# The fields whose values a client chose (a call id may hold whatever the client typed, a
+# secret included): shown only through ``_show_id``.
+CHOSEN_FIELDS: Final = (*ID_FIELDS, "tool")
+# Ids are cut past this length until the redactor is installed (``show_ids_with``).
+MAX_ID_SHOWN: Final = 200
 
 LogFormat = Literal["auto", "json", "text"]
 
@@ -98,11 +105,31 @@ def fields_of(record: logging.LogRecord) -> dict[str, Any]:
         if value is not None:
             out[key] = value
     fields = {k: v if isinstance(v, int | float | bool) else str(v) for k, v in out.items()}
+    for key in CHOSEN_FIELDS:
+        value = fields.get(key)
+        if isinstance(value, str):
+            fields[key] = _show_id(value)
     span = trace.get_current_span().get_span_context()
     if span.is_valid:
         fields["trace_id"] = trace.format_trace_id(span.trace_id)
         fields["span_id"] = trace.format_span_id(span.span_id)
     return fields
+
+
+def _bounded(value: str) -> str:
+    if len(value) <= MAX_ID_SHOWN:
+        return value
+    return f"{value[:MAX_ID_SHOWN]}…(cut, {len(value)} chars)"
+
+
+_show_id: Callable[[str], str] = _bounded
+
+
+def show_ids_with(redact: Callable[[str], str]) -> None:
+    """Show every id a line carries through ``redact``: the redactor's ``redact_id``, which
+    installs itself here with the log redaction (this layer sits below it)."""
+    global _show_id
+    _show_id = redact
 
 
 def _timestamp(record: logging.LogRecord) -> str:

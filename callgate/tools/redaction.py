@@ -4,14 +4,20 @@ Results, failure details, trace details and log records all pass through here, s
 can skip it. Detection is Yelp's ``detect-secrets`` plugins (AWS, GitHub, GitLab, JWT, Slack,
 Stripe, OpenAI, npm, PyPI, private keys, basic-auth URLs, quoted keyword assignments and
 more) plus a Shannon-entropy check for long random tokens, run on values, on dict keys, and
-on what base64- or URL-encoded text decodes to. callgate keeps its own rules on top: key
-names that say "secret" (``pwd``, ``auth``, ``key``, ``pin``…, also as the name of a
-name/value pair), inline ``name=value`` text, headers, URL credentials, token prefixes the
-library does not know, private key blocks without an END line, and stack traces (cut whole:
-the header that names the exception and carries its message goes with the frames). Card
-numbers, US SSNs/ITINs and IBANs that pass their standard's check go too
-(``redaction_numbers``), and JSON inside a string (encoded twice, or in a code's string
-literal) is decoded and searched with all of these rules (``redaction_json``).
+on what base64-, hex- or URL-encoded text decodes to. callgate keeps its own rules on top:
+key names that say "secret" in English, Korean, Japanese or Chinese (``pwd``, ``auth``,
+``key``, ``비밀번호``, ``토큰``, ``密码``…, also as the name of a name/value pair or a form
+field), inline ``name=value`` text and ``비밀번호: value`` prose, command-line flags
+(``--token x``, ``mysql -px``), XML elements named for a secret, headers, URL credentials,
+token prefixes the library does not know, a token split across two sibling fields, private
+key blocks without an END line, and stack traces (cut whole: the header that names the
+exception and carries its message goes with the frames). Card numbers, US SSNs/ITINs,
+Korean resident registration numbers and IBANs that pass their standard's check go too, as
+text or as JSON numbers (``redaction_numbers``); the multilingual names and the text shapes
+built on them are ``redaction_names``; and JSON inside a string (encoded twice, or in a
+code's string literal) is decoded and searched with all of these rules (``redaction_json``).
+Ids a client chose (a call id, an operation id, a tool name) pass ``redact_id`` wherever
+they are shown: a log line, a span, the audit trace.
 
 Redaction errs toward hiding: a false positive costs a model one value, a false negative
 leaks a credential.
@@ -24,7 +30,7 @@ import binascii
 import functools
 import logging
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 from urllib.parse import unquote
 
@@ -52,8 +58,15 @@ from detect_secrets.plugins.stripe import StripeDetector
 from detect_secrets.plugins.telegram_token import TelegramBotTokenDetector
 from detect_secrets.plugins.twilio import TwilioKeyDetector
 
+from callgate.core import logs
 from callgate.tools.redaction_json import redact_embedded
-from callgate.tools.redaction_numbers import redact_numbers
+from callgate.tools.redaction_names import (
+    element_values,
+    flag_values,
+    is_secret_name,
+    keyword_values,
+)
+from callgate.tools.redaction_numbers import redact_json_number, redact_numbers
 
 REDACTED = "[redacted]"
 STACK_REDACTED = "[stack trace redacted]"
@@ -91,63 +104,13 @@ _MIN_MATCH = 8
 _ENTROPY = Base64HighEntropyString(limit=4.5)
 _ENTROPY_LIMIT = 4.5
 _TOKEN = re.compile(r"[A-Za-z0-9+/_=-]{20,}")
-
-# --- key names ------------------------------------------------------------------------------
-
-# Searched in a name with everything but letters and digits removed ("X-Api-Key" → "xapikey").
-_SECRET_NAME = re.compile(
-    r"passw|passphrase|passcode|secret|credential|cookie|apikey|accesskey|privatekey|"
-    r"secretkey|signingkey|encryptionkey|masterkey|sessionid|sessionkey|authori[sz]ation|"
-    r"authtoken|accesstoken|refreshtoken|idtoken|csrftoken|xsrftoken|bearer|jwt|"
-    r"connectionstring|clientsecret|cardnumber"
+# Ids that providers and payment APIs make random on purpose (a tool call's ``call_…`` or
+# ``toolu_…``, a response's ``msg_…``, Stripe's ``cus_…``, ``pi_…``, ``re_…``): random, yet no
+# secret. Spared the entropy check only; a known token shape in one is still found.
+_ORDINARY_ID = re.compile(
+    r"(?:call|toolu|srvtoolu|fc|msg|resp|run|thread|asst|file|batch|req|chatcmpl|"
+    r"cus|pi|ch|re|pm|in|evt|sub|prod|price|txn|po|acct|seti|src)[_-][A-Za-z0-9]{8,64}"
 )
-# Whole words of a name ("db_pwd", "cardPin", "oauth_token").
-_SECRET_WORDS = frozenset(
-    {"pwd", "pw", "pass", "token", "auth", "oauth", "otp", "pin", "creds", "cred", "dsn", "sid"}
-    | {"ssn", "cvv", "cvc", "iban"}  # a person's or an account's number, whatever its shape
-)
-# "key" as the last word is a secret ("key", "access_key", "signingKey") except for these.
-_NOT_SECRET_KEYS = frozenset(
-    {
-        "primary",
-        "foreign",
-        "sort",
-        "partition",
-        "cache",
-        "idempotency",
-        "public",
-        "lookup",
-        "routing",
-        "row",
-        "shard",
-        "group",
-        "object",
-        "map",
-        "hash",
-        "unique",
-        "composite",
-        "natural",
-    }
-)
-_WORD = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
-
-
-@functools.lru_cache(maxsize=4096)
-def is_secret_name(name: str) -> bool:
-    """Does a key, header or parameter called ``name`` hold a secret, whatever its value?
-    (Cached: a tool's results repeat the same few field names on every call.)"""
-    squashed = re.sub(r"[^a-z0-9]", "", name.lower())
-    if not squashed:
-        return False
-    if _SECRET_NAME.search(squashed) or squashed == "session":
-        return True
-    words = [w.lower() for w in _WORD.findall(name)]
-    if any(w in _SECRET_WORDS for w in words):
-        return True
-    if words and words[-1] in ("key", "keys"):
-        return len(words) == 1 or words[-2] not in _NOT_SECRET_KEYS
-    return False
-
 
 # --- text rules -----------------------------------------------------------------------------
 
@@ -224,6 +187,9 @@ _STACK_HEADER_LINES = 64
 # From 15 characters: the shortest text a rule detects (an SSN, 11 characters) encodes to 15
 # and a padding "=".
 _BASE64 = re.compile(r"[A-Za-z0-9+/_-]{15,}={0,2}")
+# Hex of 10 bytes or more (any case, ``0x`` or not). Decoded only when it is text: a hash, a
+# key id or a content id decodes to random bytes and is kept as it is.
+_HEX = re.compile(r"(?<![0-9A-Za-z])(?:0[xX])?[0-9A-Fa-f]{20,}(?![0-9A-Za-z])")
 _URL_ENCODED = re.compile(r"[^\s\"']*%[0-9A-Fa-f]{2}[^\s\"']*")
 _CREDENTIAL_PAIR = re.compile(r"[^\s:]{1,64}:[^\s]{1,128}")
 
@@ -267,14 +233,17 @@ def _redact_secrets(
 _EMBEDDED_DEPTH = 4
 
 
-def _secrets(text: str, depth: int) -> tuple[str, bool]:
+def _secrets(text: str, depth: int, *, entropy: bool = True) -> tuple[str, bool]:
+    """``entropy=False``: no random-looking run is taken for a token on its entropy alone
+    (for ids, which are random on purpose); every other rule applies."""
     found = False
     if depth < _EMBEDDED_DEPTH:
         text, found = redact_embedded(
             text, tree=lambda v: _tree(v, depth + 1), inner=lambda t: _secrets(t, depth + 1)
         )
-    text, in_numbers = redact_numbers(text, REDACTED)
-    found = found or in_numbers
+    for rule in (redact_numbers, element_values, keyword_values, flag_values):
+        text, hit = rule(text, REDACTED)
+        found = found or hit
 
     def sub(pattern: re.Pattern[str], repl: str | Callable[[re.Match[str]], str]) -> None:
         nonlocal text, found
@@ -298,8 +267,10 @@ def _secrets(text: str, depth: int) -> tuple[str, bool]:
         if match in text and REDACTED not in match:
             text = text.replace(match, REDACTED)
             found = True
-    sub(_TOKEN, _entropy)
+    if entropy:
+        sub(_TOKEN, _entropy)
     if depth < 2:
+        sub(_HEX, lambda m: _decoded(m, depth, _hex))
         sub(_BASE64, lambda m: _decoded(m, depth, _b64))
         sub(_URL_ENCODED, lambda m: _decoded(m, depth, _url))
     return text, found
@@ -327,6 +298,7 @@ def _entropy(m: re.Match[str]) -> str:
     if (
         REDACTED.strip("[]") in token
         or is_potential_uuid(token)
+        or _ORDINARY_ID.fullmatch(token)
         or is_sequential_string(token)
         or _ENTROPY.calculate_shannon_entropy(token) <= _ENTROPY_LIMIT
     ):
@@ -347,6 +319,17 @@ def _b64(token: str) -> str | None:
         if decoded and sum(c.isprintable() or c in "\n\r\t" for c in decoded) == len(decoded):
             return decoded
     return None
+
+
+def _hex(token: str) -> str | None:
+    digits = token[2:] if token[:2] in ("0x", "0X") else token
+    if len(digits) % 2:
+        return None
+    try:
+        decoded = bytes.fromhex(digits).decode("utf-8")
+    except ValueError:  # UnicodeDecodeError too: random bytes are seldom UTF-8
+        return None
+    return decoded if decoded.isprintable() else None
 
 
 def _url(token: str) -> str | None:
@@ -416,9 +399,13 @@ def _header_start(text: str, frame: int) -> int:
 
 # --- structures -----------------------------------------------------------------------------
 
-# {"name": "Authorization", "value": "…"}: the name fields say what the value fields hold.
-_PAIR_NAMES = ("name", "key", "header", "field", "param", "parameter", "variable", "var")
-_PAIR_VALUES = ("value", "val", "values", "content", "data", "secret")
+# {"name": "Authorization", "value": "…"}: the name fields say what the value fields hold
+# (a form's field too: {"type": "password", "value": …}, {"label": "Password", "text": …}).
+_PAIR_NAMES = (
+    *("name", "key", "header", "field", "param", "parameter", "variable", "var"),
+    *("type", "label", "kind"),
+)
+_PAIR_VALUES = ("value", "val", "values", "v", "content", "data", "text", "secret")
 
 
 def secret_pair(value: Mapping[str, Any] | list[Any] | tuple[Any, ...]) -> bool:
@@ -430,6 +417,39 @@ def secret_pair(value: Mapping[str, Any] | list[Any] | tuple[Any, ...]) -> bool:
 
 def pair_value_keys() -> tuple[str, ...]:
     return _PAIR_VALUES
+
+
+# A token split across two fields: the first ends with a token's known prefix (and maybe the
+# start of its body), the second holds the rest: {"p1": "AKIA", "p2": "…"}, ["ghp_", "…"].
+_TOKEN_START = re.compile(
+    r"(?:AKIA|ASIA|gh[pousr]_|github_pat_|[spr]k_(?:live|test)_|sk-(?:proj-)?|xox[abposr]-|"
+    r"xapp-|AIza|glpat-|npm_|pypi-|whsec_|eyJ)[A-Za-z0-9_-]{0,40}\Z"
+)
+_TOKEN_START_LENGTH = 60
+
+
+def joined_secrets(values: Sequence[Any]) -> frozenset[int]:
+    """The positions of the values that complete a token the value before them starts:
+    each holds no secret alone (the rules found none), joined they do."""
+    out: set[int] = set()
+    for i in range(1, len(values)):
+        head, tail = values[i - 1], values[i]
+        if not (isinstance(head, str) and isinstance(tail, str)):
+            continue
+        start = _TOKEN_START.search(head) if len(head) <= _TOKEN_START_LENGTH else None
+        if start and _secrets(start.group() + tail, 1)[1] and not _secrets(tail, 1)[1]:
+            out.add(i)
+    return frozenset(out)
+
+
+def redact_number(value: int, notes: list[str]) -> int | str:
+    """A JSON number: a card number or a resident registration number goes."""
+    if isinstance(value, bool):
+        return value
+    shown = redact_json_number(value, REDACTED)
+    if shown != value:
+        notes.append("secret_redacted")
+    return shown
 
 
 # Dict keys the rules left unchanged and unremarked: a tool's results repeat the same field
@@ -475,10 +495,11 @@ def _tree(value: Any, depth: int) -> tuple[Any, bool]:
 def _redact_value(value: Any, notes: list[str], names: bool, depth: int) -> Any:
     if isinstance(value, Mapping):
         pair = names and secret_pair(value)
+        split = joined_secrets(list(value.values()))
         out: dict[str, Any] = {}
-        for key, item in value.items():
+        for i, (key, item) in enumerate(value.items()):
             name = str(key)
-            if names and (is_secret_name(name) or (pair and name in _PAIR_VALUES)):
+            if i in split or (names and (is_secret_name(name) or (pair and name in _PAIR_VALUES))):
                 notes.append("secret_redacted")
                 out[redact_key(name, out, notes)] = REDACTED
             else:
@@ -488,12 +509,44 @@ def _redact_value(value: Any, notes: list[str], names: bool, depth: int) -> Any:
         if names and secret_pair(value):
             notes.append("secret_redacted")
             return [_redact_value(value[0], notes, names, depth), REDACTED]
-        return [_redact_value(v, notes, names, depth) for v in value]
+        split = joined_secrets(value)
+        if split:
+            notes.append("secret_redacted")
+        return [
+            REDACTED if i in split else _redact_value(v, notes, names, depth)
+            for i, v in enumerate(value)
+        ]
     if isinstance(value, str):
         if _UNCHANGEABLE.fullmatch(value):
             return value
         return _redact_secrets(value, notes, depth=depth)
+    if isinstance(value, int):
+        return redact_number(value, notes)
     return value
+
+
+# --- ids ------------------------------------------------------------------------------------
+
+# An id shown at an exit (a log line, a span, the audit trace) is cut past this many
+# characters, the cut marked. Intake already refuses longer ids; this bounds every other path
+# (a worker's own log line, an id read back from an older row, a lookup's argument) too.
+MAX_ID_SHOWN = 200
+_UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+
+
+@functools.lru_cache(maxsize=4096)
+def redact_id(value: str) -> str:
+    """A client-chosen id (a call id, an operation id, a tool name) as an exit shows it:
+    redacted as a value is, except that looking random is no reason (provider ids are random
+    on purpose), then cut to ``MAX_ID_SHOWN`` characters. Cached: one call's ids are shown
+    on several log lines and spans."""
+    if _UNCHANGEABLE.fullmatch(value) or _UUID.fullmatch(value):
+        return value
+    # Read twice the shown length: a secret that starts in the shown part is seen whole.
+    cleaned, _ = _secrets(value[: 2 * MAX_ID_SHOWN], 0, entropy=False)
+    if len(cleaned) <= MAX_ID_SHOWN and len(value) <= 2 * MAX_ID_SHOWN:
+        return cleaned
+    return f"{cleaned[:MAX_ID_SHOWN]}…(cut, {len(value)} chars)"
 
 
 # --- logs -----------------------------------------------------------------------------------
@@ -529,7 +582,9 @@ def redact_record(record: logging.LogRecord) -> logging.LogRecord:
 
 def install_log_redaction() -> None:
     """Redact every log record of this process as it is created, whichever logger or
-    handler (RQ's own included) writes it. Safe to call more than once."""
+    handler (RQ's own included) writes it, and the ids every JSON or text line carries.
+    Safe to call more than once."""
+    logs.show_ids_with(redact_id)
     factory = logging.getLogRecordFactory()
     if getattr(factory, "_callgate_redacting", False):
         return

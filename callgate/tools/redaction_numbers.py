@@ -1,10 +1,12 @@
-"""Payment card numbers, US social security and taxpayer numbers, and IBANs in text. Pure.
+"""Payment card numbers, US social security and taxpayer numbers, Korean resident
+registration numbers and IBANs in text. Pure.
 
 A regular expression finds the candidates; a number is redacted only when the check its kind
 carries passes (python-stdnum's, a maintained implementation of each standard): Luhn and
-the card networks' ranges for a card, the never-issued ranges for an SSN or an ITIN, the
-mod-97 check digits and the country's format for an IBAN. An order number, a timestamp or a
-phone number of the same length fails them and survives.
+the card networks' ranges for a card, the never-issued ranges for an SSN or an ITIN, a birth
+date in the past and the check digit for a resident registration number (RRN, a foreign
+resident's too), the mod-97 check digits and the country's format for an IBAN. An order
+number, a timestamp or a phone number of the same length fails them and survives.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import re
 
 from stdnum import iban, luhn
+from stdnum.kr import rrn
 from stdnum.us import itin, ssn
 
 # 13 or more digits, unbroken or in groups joined by single spaces or dashes; not part of a
@@ -36,6 +39,13 @@ _SSN = re.compile(
     r"[0-9](?<!\w[0-9])(?<![0-9][ -][0-9])[0-9]{2}([ -])[0-9]{2}\1[0-9]{4}(?![ -]?[0-9]|\w)"
 )
 
+# YYMMDD-SNNNNNN or its 13 digits unbroken. Hangul may touch it ("900101-1234568입니다").
+_RRN = re.compile(r"[0-9](?<![0-9A-Za-z][0-9])(?<![0-9][.-][0-9])[0-9]{5}-?[0-9]{7}(?![0-9A-Za-z])")
+# Unbroken, an RRN of someone born 2015-2020 (or 1915-1920) has the digits of a timestamp in
+# ms between mid-2017 and 2036: there it is taken for the timestamp, and only goes with a
+# hyphen or after a keyword (주민번호: …), which the keyword rules catch.
+_MS_TIMESTAMPS = range(1_500_000_000_000, 2_100_000_000_000)
+
 # Country, check digits, then the account: unbroken, or in groups of four (the last shorter).
 _IBAN = re.compile(
     r"[A-Z](?<!\w[A-Z])[A-Z][0-9]{2}"
@@ -59,6 +69,9 @@ def redact_numbers(text: str, redacted: str) -> tuple[str, bool]:
         digits = m.group().replace(m.group(1), "")
         if ssn.is_valid(digits) or itin.is_valid(digits):
             spans.append(m.span())
+    for m in _RRN.finditer(text):
+        if is_rrn(m.group()):
+            spans.append(m.span())
     for m in _IBAN.finditer(text):
         end = _iban_end(m.group())
         if end:
@@ -72,6 +85,24 @@ def redact_numbers(text: str, redacted: str) -> tuple[str, bool]:
             pos = end
     out.append(text[pos:])
     return "".join(out), True
+
+
+def is_rrn(number: str) -> bool:
+    """A Korean resident registration number (hyphenated, or 13 digits that are not a
+    timestamp in ms): a birth date in the past, a place code and the check digit."""
+    if "-" not in number and int(number) in _MS_TIMESTAMPS:
+        return False
+    return rrn.is_valid(number, allow_future=False)
+
+
+def redact_json_number(value: int, redacted: str) -> int | str:
+    """A JSON number that is a card number or an RRN is ``redacted``; any other is kept (an
+    amount, a count, a timestamp, an id fail the checks). Only 13 digits and more are looked
+    at: what the checks catch is never shorter."""
+    if -(10**12) < value < 10**12:
+        return value
+    text = str(value)
+    return redacted if redact_numbers(text, redacted)[0] != text else value
 
 
 def is_card(digits: str) -> bool:

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 from callgate.core.errors import CallgateError
 from callgate.core.types import TRUST_LABEL
 from callgate.tools import redaction
+from callgate.tools.redaction_names import is_secret_name
 from callgate.tools.registry import ResultLimits, Tool
 
 REDACTED = redaction.REDACTED
@@ -72,14 +73,16 @@ def bounded_value(value: Any, limits: ResultLimits, notes: list[str], depth: int
     if isinstance(value, Mapping):
         pair = redaction.secret_pair(value)
         image = image_data(value, limits, notes)
+        items = list(value.items())[: limits.max_items]
+        split = redaction.joined_secrets([item for _, item in items])
         out: dict[str, Any] = {}
-        for key, item in list(value.items())[: limits.max_items]:
+        for i, (key, item) in enumerate(items):
             name = storable(str(key), notes)
             if name == IMAGE_DATA and isinstance(value.get(IMAGE_TYPE), str):
                 out[name] = image  # bytes of a picture, not text: the text rules do not apply
                 continue
             shown = redaction.redact_key(name, out, notes)
-            if redaction.is_secret_name(name) or (pair and name in redaction.pair_value_keys()):
+            if i in split or is_secret_name(name) or (pair and name in redaction.pair_value_keys()):
                 notes.append("secret_redacted")
                 out[shown] = REDACTED
             else:
@@ -93,9 +96,18 @@ def bounded_value(value: Any, limits: ResultLimits, notes: list[str], depth: int
         if redaction.secret_pair(value):
             notes.append("secret_redacted")
             return [bounded_value(value[0], limits, notes, depth + 1), REDACTED]
-        return [bounded_value(v, limits, notes, depth + 1) for v in value[: limits.max_items]]
+        kept = value[: limits.max_items]
+        split = redaction.joined_secrets(kept)
+        if split:
+            notes.append("secret_redacted")
+        return [
+            REDACTED if i in split else bounded_value(v, limits, notes, depth + 1)
+            for i, v in enumerate(kept)
+        ]
     if isinstance(value, str):
         return redact_text(value, limits.max_string, notes)
+    if isinstance(value, int):
+        return redaction.redact_number(value, notes)
     if isinstance(value, float) and not math.isfinite(value):
         notes.append("non_finite_number_dropped")  # JSON has no NaN or Infinity
         return None

@@ -1,7 +1,7 @@
 """The redactor's fast path (short plain runs, ISO-8601 timestamps) and its cache of clean
 dict keys change nothing: what they let through, the full rules let through unchanged and
-unremarked. And a string with no candidate for a card, an SSN, an IBAN or a JSON document
-pays for no check digit and no JSON decode."""
+unremarked. And a string with no candidate for a card, an SSN, an RRN, an IBAN or a JSON
+document pays for no check digit and no JSON decode."""
 
 from __future__ import annotations
 
@@ -88,7 +88,8 @@ def test_a_key_is_cached_only_when_the_rules_found_it_clean() -> None:
 
 
 # What a typical result's strings look like: none holds a candidate for a card, an SSN, an
-# IBAN or a JSON document, so none pays for a check digit or a JSON decode.
+# RRN, an IBAN or a JSON document, so none pays for a check digit or a JSON decode (a
+# timestamp in ms is no RRN candidate).
 ORDINARY = [
     "ORD-2024-000123",
     "order O-17 shipped to Seoul at 2024-05-01T10:20:30Z for $19.99",
@@ -97,6 +98,7 @@ ORDINARY = [
     "1,299.00 KRW",
     "+82 10-1234-5678",
     "1715000000000",
+    "1714521600000",
     "refund of 12000 KRW approved [ticket 42] {see notes}",
     'Alice\'s order, "quoted" once',
 ]
@@ -117,6 +119,7 @@ def test_only_candidates_pay_for_a_check_or_a_decode(monkeypatch: pytest.MonkeyP
         (redaction_numbers.iban, "is_valid"),
         (redaction_numbers.ssn, "is_valid"),
         (redaction_numbers.itin, "is_valid"),
+        (redaction_numbers.rrn, "is_valid"),
     ]:
         monkeypatch.setattr(module, attr, counted(attr, getattr(module, attr)))
     decoder = redaction_json._DECODER
@@ -127,7 +130,12 @@ def test_only_candidates_pay_for_a_check_or_a_decode(monkeypatch: pytest.MonkeyP
         assert redaction.redact_secrets(text) == text
     assert calls == []
     # The same counters hear a candidate of each kind.
-    for text in ["4111 1111 1111 1111", "123-45-6789", "GB82 WEST 1234 5698 7654 32"]:
+    for text in [
+        "4111 1111 1111 1111",
+        "123-45-6789",
+        "GB82 WEST 1234 5698 7654 32",
+        "900101-1234568",
+    ]:
         assert redaction.redact_secrets(text) == "[redacted]"
     redaction.redact_secrets('{"name": "token", "value": "x"}')
     assert sorted(set(calls)) == ["checksum", "is_valid", "raw_decode"]
