@@ -11,7 +11,9 @@ conventions' span for running a tool) as its child, with one child span per stag
 
 Redaction: attributes are ids, names, verdicts, codes and counts. Never a result or an
 exception's text (a handler's error may quote its arguments), and a call's arguments only
-when ``CALLGATE_TRACE_ARGUMENTS=redacted`` asks for them, after callgate's redaction.
+when ``CALLGATE_TRACE_ARGUMENTS=redacted`` asks for them, after callgate's redaction. The ids
+and the tool name a client chose, in span names and attributes, pass the redactor too
+(``redaction.redact_id``: redacted and cut to 200 characters).
 """
 
 from __future__ import annotations
@@ -183,6 +185,11 @@ class Proposal:
     code: str | None = None  # a refusal's error code
 
 
+def _id(value: str) -> str:
+    """An id or a tool name a client chose, as a span shows it."""
+    return redaction.redact_id(value)
+
+
 class Intake:
     """The ``callgate.propose`` spans of one submit: started once the turn is recorded;
     each ends when its outcome is final (a queued one when the enqueue returned)."""
@@ -196,15 +203,16 @@ class Intake:
             return
         tracer = _tracer()
         for p in proposals:
-            span = tracer.start_span(f"callgate.propose {p.tool_name}", kind=SpanKind.INTERNAL)
+            tool_name = _id(p.tool_name)
+            span = tracer.start_span(f"callgate.propose {tool_name}", kind=SpanKind.INTERNAL)
             if span.is_recording():
                 span.set_attributes(
                     {
-                        "gen_ai.tool.name": p.tool_name,
-                        "gen_ai.tool.call.id": p.call_id,
+                        "gen_ai.tool.name": tool_name,
+                        "gen_ai.tool.call.id": _id(p.call_id),
                         "callgate.turn_id": str(turn_id),
                         "callgate.call_ref": p.call_ref,
-                        "callgate.operation_id": p.operation_id,
+                        "callgate.operation_id": _id(p.operation_id),
                     }
                 )
             if p.outcome == QUEUED:
@@ -512,6 +520,7 @@ def _delivering(
     if queue_wait_seconds is not None and queue_wait_seconds >= 0:
         dispatched = now - int(queue_wait_seconds * 1e9)
     parent = W3C.extract(trace_context) if trace_context else None
+    tool_name = _id(tool_name)
     with _tracer().start_as_current_span(
         f"execute_tool {tool_name}",
         context=parent,
@@ -525,10 +534,10 @@ def _delivering(
                 {
                     "gen_ai.operation.name": "execute_tool",
                     "gen_ai.tool.name": tool_name,
-                    "gen_ai.tool.call.id": call_id,
+                    "gen_ai.tool.call.id": _id(call_id),
                     "gen_ai.tool.type": "function",
                     "callgate.turn_id": str(turn_id),
-                    "callgate.operation_id": operation_id,
+                    "callgate.operation_id": _id(operation_id),
                     "callgate.call_ref": str(call_ref),
                 }
             )

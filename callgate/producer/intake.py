@@ -58,9 +58,22 @@ def tool_definitions(
     return adapters.tool_definitions(provider, definitions)
 
 
+# The trace's fields a client chose: a call id or an operation id may hold whatever the
+# client typed, a secret included, and a tool name whatever the model wrote.
+_CHOSEN = ("call_id", "tool_name", "operation_id")
+
+
 def redacted_trace(events: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Trace events with their details redacted again: a row written by an older version
-    (or by a path that forgot) is never shown raw."""
+    """Trace events with their details redacted again (a row written by an older version, or
+    by a path that forgot, is never shown raw), and the ids a client chose redacted and cut
+    as every exit shows them."""
     from callgate.tools import redaction
 
-    return [{**e, "detail": redaction.redact_value(e["detail"], names=False)} for e in events]
+    return [
+        {
+            **e,
+            **{k: redaction.redact_id(e[k]) for k in _CHOSEN if isinstance(e.get(k), str)},
+            "detail": redaction.redact_value(e["detail"], names=False),
+        }
+        for e in events
+    ]
