@@ -784,8 +784,10 @@ KILL_AFTER_MS = (0, 1, 2, 3, 4, 5)
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only a root worker's sandboxes have their own uids")
 def test_a_worker_killed_as_it_starts_a_sandbox_leaves_nothing_behind() -> None:
-    """SIGKILL to a worker 0–5 ms after it forked its sandbox: on the code before issue 46,
-    a bwrap and a sleeping interpreter were left with no wall clock, every time."""
+    """SIGKILL to a worker 0–5 ms after it forked its sandbox, the sandbox's process held
+    stopped meanwhile: on the code before issue 46, bwrap armed --die-with-parent after its
+    worker had died, and a bwrap and a sleeping interpreter were left with no wall clock,
+    every time."""
     slots = range(ORPHAN_BASE, ORPHAN_BASE + len(KILL_AFTER_MS))
     assert _running_as(slots) == []
     workers = [
@@ -804,11 +806,18 @@ def test_a_worker_killed_as_it_starts_a_sandbox_leaves_nothing_behind() -> None:
             worker.stdin.write("go\n")
             worker.stdin.flush()
             deadline = time.monotonic() + 10
-            while not _children(worker.pid) and time.monotonic() < deadline:
+            while not (sandbox := _children(worker.pid)) and time.monotonic() < deadline:
                 pass
-            assert _children(worker.pid), "the worker never started its sandbox"
+            assert sandbox, "the worker never started its sandbox"
+            # A loaded machine may not run the new process for a while: stopped before it
+            # reaches bwrap, it meets the worker's death as late as a host can make it.
+            for pid in sandbox:
+                os.kill(int(pid), signal.SIGSTOP)
             time.sleep(delay / 1000)
             worker.kill()
+            worker.wait()
+            for pid in sandbox:
+                os.kill(int(pid), signal.SIGCONT)
     finally:
         for worker in workers:
             worker.kill()
