@@ -88,6 +88,8 @@ class ErrorCode(StrEnum):
     RATE_LIMITED = "rate_limited"
     TOO_MANY_WAITS = "too_many_waits"
     BODY_TOO_LARGE = "body_too_large"
+    # A request body not whole within CALLGATE_API_BODY_TIMEOUT of its head (HTTP 408).
+    BODY_TIMEOUT = "body_timeout"
     CSRF_FAILED = "csrf_failed"
     UNKNOWN_API_KEY = "unknown_api_key"
     UNKNOWN_ROUTE = "unknown_route"

@@ -91,18 +91,31 @@ class StrictConnection(h11.Connection):
         return event
 
 
+def body_timeout_detail(seconds: float) -> str:
+    return (
+        f"the request body was not whole within {seconds:g} s of its head "
+        "(CALLGATE_API_BODY_TIMEOUT); send the body at once, or ask for a longer timeout"
+    )
+
+
 def answer_400(conn: h11.Connection) -> bytes:
     """The bytes of a ``400 invalid_input`` problem closing the connection: the refusal's own
     message, or h11's malformed-request one."""
     refused = conn.refused if isinstance(conn, StrictConnection) else None
     detail = str(refused) if refused is not None else "the request is not valid HTTP/1.1"
+    return answer(conn, 400, ErrorCode.INVALID_INPUT, detail)
+
+
+def answer(conn: h11.Connection, status: int, code: ErrorCode, detail: str) -> bytes:
+    """The bytes of a problem closing the connection, written by the server itself (the app
+    never saw the request, or no longer may answer it)."""
     body = json.dumps(
         {
-            "type": f"urn:callgate:error:{ErrorCode.INVALID_INPUT.value}",
-            "title": ErrorCode.INVALID_INPUT.value.replace("_", " "),
-            "status": 400,
+            "type": f"urn:callgate:error:{code.value}",
+            "title": code.value.replace("_", " "),
+            "status": status,
             "detail": detail,
-            "code": ErrorCode.INVALID_INPUT.value,
+            "code": code.value,
             "details": [],
         }
     ).encode()
@@ -114,8 +127,11 @@ def answer_400(conn: h11.Connection) -> bytes:
         (b"cache-control", b"no-store"),
     ]
     events = [
-        h11.Response(status_code=400, headers=headers, reason=b"Bad Request"),
+        h11.Response(status_code=status, headers=headers, reason=_REASONS[status]),
         h11.Data(data=body),
         h11.EndOfMessage(),
     ]
     return b"".join(conn.send(event) or b"" for event in events)
+
+
+_REASONS = {400: b"Bad Request", 408: b"Request Timeout"}

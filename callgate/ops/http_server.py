@@ -9,6 +9,14 @@ and whenever the bytes of a new request head start arriving, disarmed when the h
 and closing the connection when it fires. A reverse proxy in front should enforce its own
 limits too (docs/api.md); this one holds without it.
 
+Nor does uvicorn time out a request body: a client that sends a head declaring a body and
+then trickles it (a byte now and then cancels the keep-alive timer) holds its connection as
+long as it likes, even after it was answered 401 without a byte of the body read. So a second
+timer: armed when a head declaring a body is whole, disarmed when the body is; when it fires,
+the request is answered ``408 body_timeout`` (unless an answer began) and the connection
+closed. And a request answered before its body was whole (a 401, a 413) has its connection
+closed at once: nothing more of that body is read or waited for.
+
 h11 is chosen explicitly (not ``auto``), so installing httptools never silently drops the
 guard.
 
@@ -29,6 +37,7 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from callgate.core.errors import ErrorCode
 from callgate.ops import http_framing
 
 log = logging.getLogger("callgate.http")
@@ -43,13 +52,18 @@ MAX_HEAD_BYTES = 16 * 1024
 
 class HeaderTimeoutH11(H11Protocol):
     """uvicorn's h11 protocol that closes a connection whose request head is not whole
-    ``header_timeout`` seconds after it began (or after the connection opened)."""
+    ``header_timeout`` seconds after it began (or after the connection opened), answers 408
+    a request whose body is not whole ``body_timeout`` seconds after its head, and closes a
+    connection whose request was answered before its body was whole."""
 
     header_timeout: float = 10.0
+    body_timeout: float = 30.0
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_of: object = None  # the request cycle the body timer is for
         size = self.config.h11_max_incomplete_event_size or MAX_HEAD_BYTES
         self.conn = http_framing.StrictConnection(h11.SERVER, size)
 
@@ -74,7 +88,52 @@ class HeaderTimeoutH11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._disarm_body()
         super().connection_lost(exc)
+
+    def handle_events(self) -> None:
+        # Every new request passes here (from data_received, or a pipelined one once the
+        # previous answer is complete), as does every piece of a body.
+        super().handle_events()
+        self._watch_body()
+
+    def on_response_complete(self) -> None:
+        if self.conn.their_state is h11.SEND_BODY and not self.transport.is_closing():
+            # Answered before its body was whole (401, 413, a route that reads none): reading
+            # the rest would only serve whoever sends it, slowly or not at all.
+            self._disarm_body()
+            self.transport.close()
+        super().on_response_complete()  # counts the request; starts nothing once closing
+
+    def _watch_body(self) -> None:
+        if self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
+            self._disarm_body()
+        elif self._body_timer is None or self._body_of is not self.cycle:
+            self._disarm_body()
+            self._body_of = self.cycle
+            self._body_timer = self.loop.call_later(self.body_timeout, self._body_timed_out)
+
+    def _disarm_body(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if self.conn.their_state is not h11.SEND_BODY or self.transport.is_closing():
+            return
+        log.debug("closing a connection whose request body took over %ss", self.body_timeout)
+        cycle = self.cycle
+        if self.conn.our_state is h11.SEND_RESPONSE and not (cycle and cycle.response_started):
+            detail = http_framing.body_timeout_detail(self.body_timeout)
+            self.transport.write(
+                http_framing.answer(self.conn, 408, ErrorCode.BODY_TIMEOUT, detail)
+            )
+        if cycle is not None:
+            # The app's next receive is a disconnect, and whatever it answers is dropped.
+            cycle.disconnected = True
+            cycle.message_event.set()
+        self.transport.close()
 
     def _arm(self) -> None:
         self._disarm()
@@ -92,9 +151,10 @@ class HeaderTimeoutH11(H11Protocol):
             self.transport.close()
 
 
-def protocol(header_timeout: float) -> type[HeaderTimeoutH11]:
-    """The protocol class for uvicorn's ``http=`` with this header timeout."""
-    return type("HeaderTimeoutH11", (HeaderTimeoutH11,), {"header_timeout": header_timeout})
+def protocol(header_timeout: float, body_timeout: float = 30.0) -> type[HeaderTimeoutH11]:
+    """The protocol class for uvicorn's ``http=`` with these timeouts."""
+    timeouts = {"header_timeout": header_timeout, "body_timeout": body_timeout}
+    return type("HeaderTimeoutH11", (HeaderTimeoutH11,), timeouts)
 
 
 def run(
@@ -104,10 +164,11 @@ def run(
     port: int,
     header_timeout: float,
     keep_alive: int,
+    body_timeout: float = 30.0,
     on_started: Callable[[], None] | None = None,
     on_stopped: Callable[[], None] | None = None,
 ) -> None:
-    """Serve ``app`` with uvicorn, its head and keep-alive timeouts set; ``on_started`` runs
+    """Serve ``app`` with uvicorn, its head, body and keep-alive timeouts set; ``on_started`` runs
     once the socket is bound and the app started (never when either failed), ``on_stopped``
     once a started server shut down (uvicorn raises SIGTERM again after ``run`` returns, so
     nothing after ``run`` would be reached)."""
@@ -117,7 +178,7 @@ def run(
         app,
         host=host,
         port=port,
-        http=protocol(header_timeout),
+        http=protocol(header_timeout, body_timeout),
         timeout_keep_alive=keep_alive,
         h11_max_incomplete_event_size=MAX_HEAD_BYTES,
         log_level="warning",

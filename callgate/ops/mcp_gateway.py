@@ -298,6 +298,7 @@ def serve(
         host=host,
         port=port,
         header_timeout=api.header_timeout,
+        body_timeout=api.body_timeout,
         keep_alive=api.keep_alive,
     )
 

@@ -10,11 +10,15 @@
   on; ``/openapi.json`` still is;
 - 100 sockets that send part of their headers, one that sends nothing, and one idle after a
   whole request are all closed by the server within the configured timeouts, while a client
-  whose headers arrive in two pieces inside the timeout is answered.
+  whose headers arrive in two pieces inside the timeout is answered;
+- a body trickled a byte at a time is answered ``408 body_timeout`` once
+  ``CALLGATE_API_BODY_TIMEOUT`` passes, and a request without a key that declares a body is
+  answered 401 and closed without the server waiting for any of it.
 """
 
 from __future__ import annotations
 
+import json
 import select
 import socket
 import time
@@ -282,3 +286,86 @@ def test_ambiguous_http_is_refused_before_the_app_sees_it(
     assert _turns_of(env, "user-17") == 1
     with server.client(key) as http:  # and the server still serves
         assert http.get("/v1/tools").status_code == 200
+
+
+BODY_TIMEOUT = 2.0
+
+
+def _until_closed(sock: socket.socket, seconds: float) -> tuple[bytes, float | None]:
+    """Everything ``sock`` receives for up to ``seconds``, and when (seconds from now) the
+    server closed it; None when it stayed open."""
+    t0 = time.monotonic()
+    received = b""
+    while time.monotonic() - t0 < seconds:
+        ready, _, _ = select.select([sock], [], [], 0.1)
+        if not ready:
+            continue
+        try:
+            data = sock.recv(65536)
+        except ConnectionResetError:
+            data = b""
+        if not data:
+            return received, time.monotonic() - t0
+        received += data
+    return received, None
+
+
+def test_a_trickled_body_is_answered_408(
+    api: Callable[[dict[str, str]], ApiServer], env: dict[str, str]
+) -> None:
+    """With ``CALLGATE_API_BODY_TIMEOUT=2``, a turn whose body arrives a byte every 0.2 s
+    (16 s in all) is answered ``408 body_timeout`` (a problem) and its connection closed
+    about 2 s after its head."""
+    server = api({**env, "CALLGATE_API_BODY_TIMEOUT": str(BODY_TIMEOUT)})
+    key = make_key(env, "tenant-a", "user-17", "support")["key"]
+    address = ("127.0.0.1", server.port)
+    body = b'[{"call_id": "c1", "tool_name": "get_weather", "arguments": {"city": "Seoul"}}]'
+    head = (
+        f"POST /v1/turns HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer {key}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    ).encode()
+    with socket.create_connection(address, timeout=10) as slow:
+        slow.sendall(head)
+        t0 = time.monotonic()
+        answer = b""
+        for i in range(len(body)):  # 16 s of trickle, unless the server hangs up first
+            try:
+                slow.sendall(body[i : i + 1])
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            more, closed = _until_closed(slow, 0.2)
+            answer += more
+            if closed is not None:
+                break
+        took = time.monotonic() - t0
+    print(f"\ntrickled body: {answer.split(b' ', 2)[1:2]} after {took:.2f} s")
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    head, _, problem = answer.partition(b"\r\n\r\n")
+    assert b"content-type: application/problem+json" in head.lower(), answer
+    assert json.loads(problem)["code"] == "body_timeout", answer
+    assert BODY_TIMEOUT - 0.1 < took < BODY_TIMEOUT + 3, took
+    server.stop()
+    time.sleep(0.5)  # the reader thread takes the last lines
+    log = server.stderr()
+    # The app's read of the body ended by the timeout is no fault: no error, no traceback.
+    assert "Traceback" not in log and '"level": "error"' not in log, log
+
+
+def test_the_body_of_a_request_without_a_key_is_never_read(
+    api: Callable[[dict[str, str]], ApiServer], env: dict[str, str]
+) -> None:
+    """A request without a key that declares a body and sends none of it is answered 401
+    (``Connection: close``) and closed at once: the server waits for none of its body, not
+    even the body timeout's 2 s."""
+    server = api({**env, "CALLGATE_API_BODY_TIMEOUT": str(BODY_TIMEOUT)})
+    address = ("127.0.0.1", server.port)
+    with socket.create_connection(address, timeout=10) as anonymous:
+        anonymous.sendall(
+            b"POST /v1/turns HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+            b"Content-Length: 60000\r\n\r\n"
+        )
+        answer, closed = _until_closed(anonymous, BODY_TIMEOUT + 5)
+    print(f"unauthenticated, body never sent: closed after {closed} s")
+    assert answer.startswith(b"HTTP/1.1 401 "), answer
+    assert b"connection: close" in answer.lower(), answer
+    assert closed is not None and closed < BODY_TIMEOUT / 2, closed

@@ -95,7 +95,10 @@ class BodyLimit:
 
     ``POST /v1/turns`` may carry ``submit_limit`` bytes (CALLGATE_API_MAX_BODY_BYTES); every
     other route ``SMALL_BODY_BYTES`` (a console sign-in is one key; the rest take none), so
-    no body JSON that FastAPI parses on the event loop is ever large."""
+    no body JSON that FastAPI parses on the event loop is ever large.
+
+    An answer sent before the body was whole (a 401, a route that reads none) says
+    ``Connection: close``: the server hangs up after it rather than read the rest."""
 
     def __init__(self, app: ASGIApp, *, submit_limit: int) -> None:
         self.app = app
@@ -107,17 +110,20 @@ class BodyLimit:
             return
         submit = scope["path"] == "/v1/turns" and scope["method"] == "POST"
         limit = self.submit_limit if submit else SMALL_BODY_BYTES
-        declared = dict(scope["headers"]).get(b"content-length")
+        headers = dict(scope["headers"])
+        declared = headers.get(b"content-length")
         if declared is not None and int(declared) > limit:  # h11 let only digits through
             await _too_large(limit)(scope, receive, send)
             return
         received = 0
         started = refused = False
+        whole = not (int(declared or 0) or b"transfer-encoding" in headers)
 
         async def counting_receive() -> Message:
-            nonlocal received, refused
+            nonlocal received, refused, whole
             message = await receive()
             if message["type"] == "http.request":
+                whole = whole or not message.get("more_body", False)
                 received += len(message.get("body", b""))
                 if received > limit:
                     if not started:
@@ -135,6 +141,9 @@ class BodyLimit:
                 return
             if message["type"] == "http.response.start":
                 started = True
+                if not whole:
+                    close = [(b"connection", b"close")]
+                    message = {**message, "headers": [*message.get("headers", []), *close]}
             await send(message)
 
         await self.app(scope, counting_receive, answering_send)

@@ -15,12 +15,15 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from callgate.core.errors import AccessError, CallgateError, ErrorCode
+from callgate.ops import http_framing
 
 log = logging.getLogger("callgate.api")
 
 PROBLEM_TYPE = "application/problem+json"
+
 
 # The HTTP status of each code the API can answer; any other code is a 400 (the request
 # must change).
@@ -40,6 +43,7 @@ _STATUS: dict[ErrorCode, int] = {
     ErrorCode.IDEMPOTENCY_CONFLICT: 409,
     ErrorCode.OPERATION_IN_PROGRESS: 409,
     ErrorCode.MISSING_RESULT: 409,
+    ErrorCode.BODY_TIMEOUT: 408,
     ErrorCode.BODY_TOO_LARGE: 413,
     ErrorCode.RATE_LIMITED: 429,
     ErrorCode.TOO_MANY_WAITS: 429,
@@ -107,7 +111,7 @@ def responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
-COMMON = (400, 401, 403, 404, 405, 409, 413, 429, 500, 503)
+COMMON = (400, 401, 403, 404, 405, 408, 409, 413, 429, 500, 503)
 
 
 def install(app: FastAPI) -> None:
@@ -133,6 +137,14 @@ def install(app: FastAPI) -> None:
                 for e in errors[:20]
             ],
         )
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect) -> JSONResponse:
+        # The connection ended before the body was whole: the body timeout closed it (the
+        # client got its 408 from the server: callgate.ops.http_server), or the client hung
+        # up. Nobody reads this answer; the access log records it, and it is no fault.
+        seconds = request.app.state.services.api.body_timeout
+        return problem(ErrorCode.BODY_TIMEOUT, http_framing.body_timeout_detail(seconds))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:

@@ -95,6 +95,7 @@ def api_cmd(host: str | None, port: int | None, metrics_at: int | None) -> None:
         host=api.host,
         port=api.port,
         header_timeout=api.header_timeout,
+        body_timeout=api.body_timeout,
         keep_alive=api.keep_alive,
         on_started=started,
         on_stopped=lambda: lines.info("api stopped", extra={"event": "api_stopped"}),

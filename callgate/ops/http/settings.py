@@ -80,6 +80,10 @@ class ApiSettings(Section):
     header_timeout: FiniteFloat = setting(
         10.0, "Seconds a connection has to send a whole request head.", ge=0.1
     )
+    # Nor a body: a client trickling one (a key or none) would hold its connection forever.
+    body_timeout: FiniteFloat = setting(
+        30.0, "Seconds a request has to send its whole body, from its head.", ge=0.1
+    )
     keep_alive: int = setting(5, "Seconds an idle keep-alive connection stays open.", ge=1)
     # /docs loads Swagger UI from a public CDN on the console's origin: off unless asked.
     docs: Flag = setting(False, "Serve Swagger UI at /docs (loads its script from a CDN).")
