@@ -87,3 +87,43 @@ def test_the_owner_of_a_lost_turn_is_told_it_is_lost_and_no_one_else(
             for wait in (0, 1):
                 resp = http.get(f"/v1/turns/{turn_id}/results", params={"wait": wait})
                 _unknown_alike(resp, turn_id, unknown)
+
+
+def _weather(operation_id: str) -> list[dict[str, Any]]:
+    return [
+        {
+            "call_id": "w1",
+            "tool_name": "get_weather",
+            "arguments": {"city": "Seoul"},
+            "operation_id": operation_id,
+        }
+    ]
+
+
+def _operations(engine: Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text("SELECT tenant_id, count(*) FROM callgate.operations GROUP BY tenant_id")
+        ).all()
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def test_an_operation_id_another_tenant_holds_is_answered_as_an_unknown_one(
+    env: dict[str, str], engine: Engine, api: Callable[[dict[str, str]], ApiServer]
+) -> None:
+    server = api(env)
+    a, b = _keys(engine, ("tenant-a", "user-17"), ("tenant-b", "user-42"))
+    with server.client(a) as http:
+        _submit(http, _weather("weather-seoul"))
+    with server.client(b) as http:
+        fresh = f"weather-{uuid.uuid4().hex}"
+        for op in ("weather-seoul", fresh):  # held by tenant-a; held by no one
+            answer = _submit(http, _weather(op))
+            assert answer["calls"] == [
+                {"call_id": "w1", "tool_name": "get_weather", "operation_id": op}
+            ], answer
+    assert _operations(engine) == {"tenant-a": 1, "tenant-b": 2}
+    with server.client(a) as http:  # a tenant's own reuse still names its one operation
+        answer = _submit(http, _weather("weather-seoul"))
+        assert answer["calls"][0]["operation_id"] == "weather-seoul", answer
+    assert _operations(engine) == {"tenant-a": 1, "tenant-b": 2}

@@ -138,6 +138,46 @@ def _operation_ids(proposals: list[Any], principal: KeyHolder, idem: str) -> dic
     return derived
 
 
+def _scoped(proposals: list[Any], principal: KeyHolder) -> tuple[list[Any], dict[str, str]]:
+    """The proposals with each operation id the application named scoped to the key's
+    tenant, and each scoped id's own name. Operation ids are one namespace in PostgreSQL, so
+    an id another tenant holds would be refused, telling this tenant that it exists; scoped,
+    it is answered as an id no one holds (recorded, run as this tenant's), and the tenant's
+    own reuse still names its one operation."""
+    names: dict[str, str] = {}
+    scoped: list[Any] = []
+    for p in proposals:
+        own = p.get("operation_id") if isinstance(p, dict) else None
+        try:
+            check_id(own, "operation_id")
+        except InputError:
+            scoped.append(p)  # none, or refused by submit's own checks, with their message
+            continue
+        key = json.dumps(["api-operation", principal.tenant_id, own])
+        internal = "op-app-" + hashlib.sha256(key.encode()).hexdigest()[:40]
+        names[internal] = str(own)
+        scoped.append({**p, "operation_id": internal})
+    return scoped, names
+
+
+def _named(answer: dict[str, Any], names: dict[str, str]) -> dict[str, Any]:
+    """The answer with each scoped operation id as the application named it: the name it
+    sends again for the same write."""
+    calls = [
+        {**c, "operation_id": names.get(c["operation_id"], c["operation_id"])}
+        for c in answer["calls"]
+    ]
+    return {**answer, "calls": calls}
+
+
+def _renamed(exc: CallgateError, names: dict[str, str]) -> None:
+    # A refusal names the operation as the application did (the same tenant's id reused for
+    # another tool, say), never its scoped form.
+    for internal, own in names.items():
+        exc.message = exc.message.replace(internal, own)
+    exc.args = (exc.message,)
+
+
 def _submit_key(principal: KeyHolder, idem: str) -> str:
     """The producer's submit key for an Idempotency-Key: scoped by the API key, as the
     answers in ``api_idempotency`` are (the producer scopes it by tenant too)."""
@@ -169,11 +209,13 @@ def _submit(
     # one would be: should the outcome be unknown (the connection lost during COMMIT), the
     # answer names it, and a repeat under it returns the turn if it was recorded.
     key = idem if idem is not None else uuid.uuid4().hex
+    names: dict[str, str] = {}
     try:
         raw = _parse(body)
         proposals = intake.proposals_from(
             raw, provider=provider, stream=stream, known_tools=s.producer.registry.tools.keys()
         )
+        proposals, names = _scoped(proposals, who)
         if provider and not proposals:
             answer = dict(intake.NO_CALLS)
         else:
@@ -191,8 +233,9 @@ def _submit(
                 operation_ids=_operation_ids(proposals, who, key),
                 submit_key=_submit_key(who, key),
             )
-            answer = intake.submitted(turn)
+            answer = _named(intake.submitted(turn), names)
     except CallgateError as exc:
+        _renamed(exc, names)
         if idem is not None:
             api_keys.release(s.engine, who.key_id, idem)
         if isinstance(exc, ServiceUnavailable) and exc.recorded is not True:
