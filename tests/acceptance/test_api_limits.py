@@ -505,7 +505,7 @@ def test_waits_past_the_process_bound_are_refused_not_polled(
 SHARED_POOL = 11  # a bound of 10 waits; the default share lets one tenant hold 5
 TENANT_SHARE = 5
 SATURATING = 12  # tenant-a's waits: two keys, each inside its own cap (10)
-SHORT_WAIT = 6.0
+SHORT_WAIT = 4.0
 
 
 def _pending_turn(http: httpx.Client, call_id: str) -> str:
@@ -517,7 +517,7 @@ def _pending_turn(http: httpx.Client, call_id: str) -> str:
 
 
 def test_one_tenant_holds_at_most_its_share_of_the_waits(
-    env: dict[str, str], api: Callable[[dict[str, str]], ApiServer]
+    env: dict[str, str], engine: Engine, api: Callable[[dict[str, str]], ApiServer]
 ) -> None:
     """Two keys of tenant-a open 12 real long-polls against a process bound of 10: tenant-a
     gets its share (5, half the bound by default) and the rest are refused ``429
@@ -525,10 +525,10 @@ def test_one_tenant_holds_at_most_its_share_of_the_waits(
     served (it waits its time and answers 200), not refused."""
     server = api({**env, "CALLGATE_API_REDIS_POOL": str(SHARED_POOL)})
     keys = [
-        make_key(env, "tenant-a", "user-17", "support", rate=100, burst=200)["key"]
+        api_keys.create(engine, tenant="tenant-a", user="user-17", roles=["support"]).key
         for _ in range(2)
     ]
-    b = make_key(env, "tenant-b", "user-42", "support", rate=100, burst=200)["key"]
+    b = api_keys.create(engine, tenant="tenant-b", user="user-42", roles=["support"]).key
     with server.client(keys[0]) as http:
         turn_id = _pending_turn(http, "a1")
     thread, outcomes = _waits_of_many_keys(
