@@ -5,6 +5,7 @@ document pays for no check digit and no JSON decode."""
 
 from __future__ import annotations
 
+import json
 import string
 from datetime import datetime
 from typing import Any
@@ -139,3 +140,36 @@ def test_only_candidates_pay_for_a_check_or_a_decode(monkeypatch: pytest.MonkeyP
         assert redaction.redact_secrets(text) == "[redacted]"
     redaction.redact_secrets('{"name": "token", "value": "x"}')
     assert sorted(set(calls)) == ["checksum", "is_valid", "raw_decode"]
+
+
+def _every_detector(text: str) -> set[str]:
+    return {m for plugin in redaction._LIBRARY for m in plugin.analyze_string(text)}
+
+
+# Pieces of what the library's detectors look for, for text that comes close to a match.
+DETECTOR_PIECES = [
+    *["AKIA", "ASIA", "ghp_", "glpat-", "eyJ", "xoxb-", "sk_live_", "SG.", "AC", "SK", "AKC"],
+    *["password", "Secret", "api_key", "PWD", "contraseña", "=", ":", '"', "'", " ", "\n"],
+    *["://", "@", "-----BEGIN RSA PRIVATE KEY-----", "pypi-", "sq0csp-", "/:_authToken="],
+    *["aws", "12345678", "abcdefghijklmnop", "ABCDEFGHIJKLMNOP", "0123456789abcdef", "-us1"],
+]
+
+
+@settings(max_examples=3000, deadline=None)
+@given(st.lists(st.sampled_from(DETECTOR_PIECES), max_size=12).map("".join))
+def test_the_detectors_prefilter_changes_nothing_they_find(text: str) -> None:
+    assert redaction._library_matches(text) == _every_detector(text)
+
+
+def test_the_detectors_prefilter_changes_nothing_on_the_corpora() -> None:
+    from tests.acceptance.corpus_tools import CORPUS
+    from tests.redaction_planted import KEEPS, PLANTS
+
+    texts = [json.dumps(r) for r in CORPUS.results.values()]
+    texts += [json.dumps(p.value, ensure_ascii=False) for p in PLANTS]
+    texts += [json.dumps(k.value, ensure_ascii=False) for k in KEEPS]
+    found = 0
+    for text in texts:
+        assert redaction._library_matches(text) == _every_detector(text)
+        found += bool(_every_detector(text))
+    assert found  # the corpora do hold what the detectors find
