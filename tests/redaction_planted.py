@@ -279,7 +279,9 @@ def _id_plants() -> list[Plant]:
     xox = f"xoxb-1234567890-{_r(ALNUM, 24)}"
     number = _hyphen(_rrn("900101", "1"))
     kpw = _pw("Ik")
+    hexed = b"password=Hx12ab!".hex()  # callgate's operation id shape, with text inside
     return [
+        Plant("operation_id/hex_in_made_shape", f"op-{hexed}", (hexed,)),
         Plant("call_id/github", ghp, (ghp[4:22], ghp[22:])),
         Plant("call_id/password", f"call-password={pw}", (pw,)),
         Plant("call_id/rrn", f"call {number}", (number,)),
@@ -295,6 +297,7 @@ ID_KEEPS = [
     "call_8xYz2Qw3RtL0pVbN4mKs9JdE",
     "toolu_01A09q90qw90lq917835lq9",
     "fc_68a1b2c3d4e5f60718293a4b5c6d7e8f",
+    "op-9f2c4e1a7b3d4c5e8f6a0b1c2d3e4f5a",  # the shape of the operation ids callgate makes
     "3f2b9c1e-8a7d-4e6f-9b0a-1c2d3e4f5a6b",
     "refund-O-17-2024-05-01",
     "get_weather",

@@ -564,6 +564,9 @@ def _redact_value(value: Any, notes: list[str], names: bool, depth: int) -> Any:
 # (a worker's own log line, an id read back from an older row, a lookup's argument) too.
 MAX_ID_SHOWN = 200
 _UUID = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
+# The operation id callgate makes when the application gives none: its hex is random bytes
+# (checked: a client may send the same shape with text hex-encoded in it).
+_MADE_OPERATION_ID = re.compile(r"op-([0-9a-f]{32})")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -573,6 +576,9 @@ def redact_id(value: str) -> str:
     on purpose), then cut to ``MAX_ID_SHOWN`` characters. Cached: one call's ids are shown
     on several log lines and spans."""
     if _UNCHANGEABLE.fullmatch(value) or _UUID.fullmatch(value):
+        return value
+    made = _MADE_OPERATION_ID.fullmatch(value)
+    if made and _hex(made.group(1)) is None:
         return value
     # Read twice the shown length: a secret that starts in the shown part is seen whole.
     cleaned, _ = _secrets(value[: 2 * MAX_ID_SHOWN], 0, entropy=False)
