@@ -257,7 +257,7 @@ def test_the_scratch_database_takes_the_prefix_it_is_given(
         stop.set()
         watcher.join()
     _one_line(run, "embedded_service_failed")
-    assert len(seen) == 1 and len(next(iter(seen))) == len(prefix) + 12, seen
+    assert len(seen) == 1 and len(next(iter(seen))) == len(prefix) + 16, seen
     assert not any(d.startswith(prefix) for d in _databases())  # dropped at the end
 
     before = _databases()
