@@ -207,7 +207,11 @@ def test_a_worker_killed_mid_call_leaves_its_takeover_in_the_same_trace(
             tools = [x for x in spans if x["name"] == "execute_tool send_email"]
             return spans if tools and len(first_reservation()) == 2 else None
 
-        spans = wait_until(both, what="the takeover's spans")
+        try:
+            spans = wait_until(both, what="the takeover's spans")
+        except AssertionError as exc:  # say which of the two never came (seen once, loaded)
+            seen = sorted(x["name"] for x in receiver.received() if x["trace_id"] == trace_id)
+            raise AssertionError(f"{exc}; this trace's spans: {seen}") from None
 
     (submit,) = [x for x in spans if x["name"] == "callgate.submit"]
     (taken,) = [x for x in spans if x["name"] == "execute_tool send_email"]  # one ended
