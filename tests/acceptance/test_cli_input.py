@@ -274,7 +274,9 @@ def submit_ends_stored_or_as_one_clear_line(
 
 
 # Each example is a process start (about a second on a loaded machine): a few in the
-# default run, more with -m slow.
+# default run, more with -m slow. Examples are drawn afresh on each run (no database, no
+# fixed seed), so CI's runs sample the space between them; 150 keep CI's slow tier near
+# 3 minutes for this test (300 took 6).
 @settings(CLI_PROPERTY, max_examples=12)
 @given(submission=hostile.submissions(min_places=1))
 def test_any_cli_submit_ends_stored_or_as_one_clear_line(
@@ -285,7 +287,7 @@ def test_any_cli_submit_ends_stored_or_as_one_clear_line(
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-@settings(CLI_PROPERTY, max_examples=300)
+@settings(CLI_PROPERTY, max_examples=150)
 @given(submission=hostile.submissions(min_places=1))
 def test_any_cli_submit_ends_stored_or_as_one_clear_line_long_run(
     service_env: dict[str, str], engine: Engine, tmp_path: Path, submission: Submission
