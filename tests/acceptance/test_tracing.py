@@ -202,26 +202,39 @@ def test_a_worker_killed_mid_call_leaves_its_takeover_in_the_same_trace(
             collected = producer.collect(turn.turn_id, timeout=20)
         assert [r.status for r in collected.results] == ["succeeded"]
 
+        def succeeded(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+            return [
+                x
+                for x in spans
+                if x["name"] == "execute_tool send_email"
+                and x["attributes"].get("callgate.status") == "succeeded"
+            ]
+
         def both() -> list[dict[str, Any]] | None:
             spans = [x for x in receiver.received() if x["trace_id"] == trace_id]
-            tools = [x for x in spans if x["name"] == "execute_tool send_email"]
-            return spans if tools and len(first_reservation()) == 2 else None
+            return spans if succeeded(spans) and len(first_reservation()) >= 2 else None
 
         try:
             spans = wait_until(both, what="the takeover's spans")
-        except AssertionError as exc:  # say which of the two never came (seen once, loaded)
+        except AssertionError as exc:  # say which never came
             seen = sorted(x["name"] for x in receiver.received() if x["trace_id"] == trace_id)
             raise AssertionError(f"{exc}; this trace's spans: {seen}") from None
 
     (submit,) = [x for x in spans if x["name"] == "callgate.submit"]
-    (taken,) = [x for x in spans if x["name"] == "execute_tool send_email"]  # one ended
+    (taken,) = succeeded(spans)  # one attempt ended the call
     assert taken["parent"] == submit["span_id"]
     assert taken["attributes"]["callgate.takeover"] is True
     attributes = taken["attributes"]
     assert attributes["callgate.generation"] == attributes["callgate.attempt"] == 2
-    assert attributes["callgate.status"] == "succeeded"
+    # The handler ran once after the kill. Under load the sweeper may deliver the call
+    # again while the takeover runs (its 1 s lease renewed late): such a copy finds the
+    # operation held, reserves nothing and runs no handler, but it is in the trace too.
+    assert [x["parent"] for x in spans if x["name"] == "callgate.handler"] == [taken["span_id"]]
     reservations = {x["parent"] for x in spans if x["name"] == tracing.RESERVATION}
-    assert reservations == {first["parent"], taken["span_id"]}
+    assert {first["parent"], taken["span_id"]} <= reservations
+    tools = {x["span_id"]: x for x in spans if x["name"] == "execute_tool send_email"}
+    for copy in reservations - {first["parent"], taken["span_id"]}:
+        assert copy in tools and tools[copy]["attributes"].get("callgate.takeover") is not True
     # The killed attempt's own span never ended, so it was never exported; its finished
     # stages hang under its span id, and the takeover links to that span.
     assert first["parent"] not in {x["span_id"] for x in spans}
