@@ -302,6 +302,17 @@ def test_a_hostile_results_file_runs_nothing(wheel: Path, tmp_path: Path, style:
     lives, the entry is invalid, and each refused call is named."""
     canary = tmp_path / "canary.txt"
     canary.write_text("untouched")
+    # The stand-in for a refused call is answered by BFCL's deny list, before its eval, also
+    # among an entry's bound methods (``backend.use`` checks it with none).
+    answered, _ = backend.utils().execute_multi_turn_func_call(
+        func_call_list=[decode.REFUSED, "ls()"],
+        initial_config={},
+        involved_classes=["GorillaFileSystem"],
+        model_name="refusal_check",
+        test_entry_id="probe",
+    )
+    multi_turn._forget("refusal_check")
+    assert answered[0] == decode.REFUSED_RESPONSE and "Error" not in answered[1], answered
     question = json.loads((FIXTURES / "BFCL_v4_multi_turn_base.json").open().readline())
     answers = FIXTURES / "possible_answer" / "BFCL_v4_multi_turn_base.json"
     truth = json.loads(answers.open().readline())["ground_truth"]
